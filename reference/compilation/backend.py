@@ -1,0 +1,125 @@
+"""The torch.compile backend: split the Dynamo graph, compile each piece, wrap it in CUDA graphs.
+
+``torch.compile(fn, backend=PiecewiseBackend(config))`` hands us Dynamo's FX graph once. At level 3 we
+split it at ``config.splitting_ops`` (:mod:`.split`), compile every other piece for the symbolic token
+count (:mod:`.compile_piece`) and, with ``cudagraph_mode='piecewise'`` on CUDA, wrap each compiled piece
+in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces are left as they are and run eagerly. At
+levels 1 and 2 the whole graph is compiled as one piece, without CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from reference.compilation.compile_piece import compile_piece, example_inputs
+from reference.compilation.counters import compilation_counter
+from reference.compilation.cuda_graph import CUDAGraphPiece
+from reference.compilation.split import Piece, split_graph
+from reference.config import CompilationConfig, ConfigError
+
+
+def _check_ops_exist(names: tuple[str, ...]) -> None:
+    for name in names:
+        namespace, op = name.split("::")
+        if not hasattr(getattr(torch.ops, namespace), op):
+            raise ConfigError(
+                f"splitting_ops: {name!r} is not a registered torch.library op; import the module that "
+                "defines it before compiling, or fix the name"
+            )
+
+
+def _size_arg(piece: Piece) -> int | None:
+    """Index of the piece's token-count argument: its only SymInt placeholder (None if static).
+
+    Raises:
+        NotImplementedError: the piece has several distinct symbolic sizes; per-size CUDA graphs need a
+            single token dimension.
+    """
+    sym = [(i, v) for i, v in enumerate(example_inputs(piece.module)) if isinstance(v, torch.SymInt)]
+    if len({str(v) for _, v in sym}) > 1:
+        raise NotImplementedError(
+            f"piece {piece.name} has several symbolic sizes {[str(v) for _, v in sym]}; piecewise CUDA graphs "
+            "support one dynamic (token) dimension shared by all inputs"
+        )
+    return sym[0][0] if sym else None
+
+
+def _on_cuda(gm: torch.fx.GraphModule) -> bool:
+    values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+
+
+class PiecewiseBackend:
+    """A torch.compile backend implementing levels 1-3 of :class:`~reference.config.CompilationConfig`.
+
+    Attributes (set after the first compilation):
+        pieces: the pieces of the last graph, in execution order.
+        split_module: the split FX module (its forward calls the pieces).
+        compile_seconds: wall time spent splitting and compiling, in seconds.
+        runners: the CUDA-graph runners by piece name (empty without CUDA graphs).
+    """
+
+    def __init__(self, config: CompilationConfig):
+        if config.level == 0:
+            raise ConfigError("level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3")
+        self.config = config
+        self.pieces: list[Piece] = []
+        self.split_module: torch.fx.GraphModule | None = None
+        self.compile_seconds = 0.0
+        self.runners: dict[str, CUDAGraphPiece] = {}
+        self._graph_pool = None
+        self._capture_stream = None
+
+    def __call__(self, gm: torch.fx.GraphModule, _example_inputs) -> torch.fx.GraphModule:
+        start = time.perf_counter()
+        compilation_counter.num_graphs_seen += 1
+        splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
+        _check_ops_exist(splitting_ops)
+        split, pieces = split_graph(gm, splitting_ops)
+        compilation_counter.num_piecewise_graphs_seen += len(pieces)
+        use_graphs = self._use_cuda_graphs(gm)
+        for piece in pieces:
+            if piece.is_splitting_op:
+                continue
+            compilation_counter.num_piecewise_capturable_graphs_seen += 1
+            runnable = compile_piece(piece.module, self.config)
+            if use_graphs:
+                runnable = self._graph_runner(piece, runnable)
+            # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
+            split.__dict__[piece.name] = runnable
+        self.pieces, self.split_module = pieces, split
+        self.compile_seconds += time.perf_counter() - start
+        return split
+
+    def _use_cuda_graphs(self, gm: torch.fx.GraphModule) -> bool:
+        if self.config.cudagraph_mode != "piecewise":
+            return False
+        if not _on_cuda(gm):
+            warnings.warn(
+                "cudagraph_mode='piecewise' but the model is not on a CUDA device: CUDA graphs exist only "
+                "on CUDA, so every piece runs compiled but without graphs",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return False
+        return True
+
+    def _graph_runner(self, piece: Piece, runnable) -> CUDAGraphPiece:
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+            self._capture_stream = torch.cuda.Stream()
+        runner = CUDAGraphPiece(
+            name=piece.name,
+            runnable=runnable,
+            size_arg=_size_arg(piece),
+            capture_sizes=self.config.cudagraph_capture_sizes,
+            num_warmups=self.config.cudagraph_num_of_warmups,
+            pool=self._graph_pool,
+            stream=self._capture_stream,
+            debug_addresses=self.config.debug_cudagraph_addresses,
+        )
+        self.runners[piece.name] = runner
+        return runner

@@ -1,0 +1,94 @@
+"""Dynamo capture: trace a model's forward once, with the token dimension dynamic.
+
+:func:`compile_model` returns a callable with the model's signature. Convention: every tensor argument
+of ``forward`` has the token dimension first (``input_ids [T]``, ``positions [T]``, ``x [T, H]``) and
+the model returns tensors whose first dimension is T as well.
+
+* Level 0: the model itself.
+* Level 1 ("Dynamo as is"): ``torch.compile`` with its usual guards; a new shape may recompile.
+* Levels 2 and 3 ("Dynamo once", "piecewise"): the first call marks dim 0 of every tensor argument
+  dynamic, so one graph serves every token count, and Dynamo's guards are dropped, so later calls never
+  re-trace (vLLM gets the same effect by bypassing Dynamo's dispatcher). Dropping the guards is safe for a
+  model whose code and parameters do not change after the first call; we re-check the one thing a
+  caller can plausibly get wrong, the arguments' dtype, device and non-token dimensions, on every call.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from reference.compilation.backend import PiecewiseBackend
+from reference.config import CompilationConfig
+
+
+def _signature(args) -> list:
+    return [(a.dtype, a.device, tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else type(a) for a in args]
+
+
+class CompiledModel:
+    """A model's forward, compiled per ``config``. Call it like the model.
+
+    Attributes:
+        backend: the :class:`PiecewiseBackend` (None at level 0).
+        trace_seconds: wall time of the first call at levels 1-3 (Dynamo trace + backend compile), s.
+    """
+
+    def __init__(self, model: nn.Module, config: CompilationConfig):
+        self.model = model
+        self.config = config
+        self.backend = PiecewiseBackend(config) if config.level > 0 else None
+        self.trace_seconds = 0.0
+        self._signature = None
+        self._traced = False
+        if config.level == 0:
+            self._forward: Callable = model
+        elif config.level == 1:
+            self._forward = torch.compile(model.forward, backend=self.backend, fullgraph=True)
+        else:
+            self._forward = torch.compile(
+                model.forward,
+                backend=self.backend,
+                fullgraph=True,
+                dynamic=False,  # only the dims we mark are dynamic
+                options={"guard_filter_fn": lambda guards: [False] * len(guards)},
+            )
+
+    def __call__(self, *args):
+        if self.config.level >= 2:
+            self._check_or_mark_dynamic(args)
+        if self._traced or self.config.level == 0:
+            return self._forward(*args)
+        start = time.perf_counter()
+        out = self._forward(*args)
+        self.trace_seconds = time.perf_counter() - start
+        self._traced = True
+        return out
+
+    def _check_or_mark_dynamic(self, args) -> None:
+        if self._signature is not None:
+            if _signature(args) != self._signature:
+                raise TypeError(
+                    "compiled model called with arguments of another dtype, device or non-token shape than "
+                    f"the first call: got {_signature(args)}, traced {self._signature}; the graph was traced "
+                    "once, for the first kind, and cannot serve others"
+                )
+            return
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.dim() == 0 or a.shape[0] < 2:
+                    raise ValueError(
+                        f"the first call traces the model and needs at least 2 tokens in argument {i} (got shape "
+                        f"{tuple(a.shape)}): Dynamo specializes sizes 0 and 1, which would fix the graph to that "
+                        "size; make the first call with a larger batch"
+                    )
+                torch._dynamo.mark_dynamic(a, 0)
+        self._signature = _signature(args)
+
+
+def compile_model(model: nn.Module, config: CompilationConfig) -> CompiledModel:
+    """Wrap ``model`` so that calling the result runs it compiled according to ``config``."""
+    return CompiledModel(model, config)

@@ -1,0 +1,67 @@
+"""Compilation counters: how many graphs were traced, split, compiled and captured.
+
+Structure tests assert *deltas* of these around a call (vLLM's tests do the same), so they say what the
+pipeline did without depending on Inductor's output or timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass
+class CompilationCounter:
+    """Process-wide counts, incremented by the backend and the CUDA-graph runner.
+
+    Attributes:
+        num_graphs_seen: Dynamo graphs handed to our backend.
+        num_piecewise_graphs_seen: pieces after splitting, splitting-op pieces included.
+        num_piecewise_capturable_graphs_seen: pieces that are not splitting ops (compiled, capturable).
+        num_backend_compilations: pieces (or whole graphs) compiled, by either compiler.
+        num_inductor_compiles: compilations done by Inductor.
+        num_eager_compiles: compilations that kept the piece as eager FX code.
+        num_cudagraph_captured: CUDA graphs captured (one per capturable piece and capture size).
+    """
+
+    num_graphs_seen: int = 0
+    num_piecewise_graphs_seen: int = 0
+    num_piecewise_capturable_graphs_seen: int = 0
+    num_backend_compilations: int = 0
+    num_inductor_compiles: int = 0
+    num_eager_compiles: int = 0
+    num_cudagraph_captured: int = 0
+
+    def snapshot(self) -> "CompilationCounter":
+        return dataclasses.replace(self)
+
+
+compilation_counter = CompilationCounter()
+
+
+@contextlib.contextmanager
+def expect_counters(**expected_deltas: int) -> Iterator[None]:
+    """Assert that the named counters grow by exactly the given amounts inside the block.
+
+    Example: ``with expect_counters(num_graphs_seen=1, num_cudagraph_captured=6): ...``
+
+    Raises:
+        AssertionError: a delta differs; the message lists before, after and expected for each field.
+        TypeError: an unknown counter name.
+    """
+    names = {f.name for f in dataclasses.fields(CompilationCounter)}
+    unknown = sorted(set(expected_deltas) - names)
+    if unknown:
+        raise TypeError(f"expect_counters: unknown counter(s) {unknown}; known: {sorted(names)}")
+    before = compilation_counter.snapshot()
+    yield
+    after = compilation_counter.snapshot()
+    wrong = []
+    for name, delta in expected_deltas.items():
+        old, new = getattr(before, name), getattr(after, name)
+        if new - old != delta:
+            wrong.append(f"  {name}: before={old} after={new} delta={new - old} expected delta={delta}")
+    if wrong:
+        raise AssertionError("compilation counters differ:\n" + "\n".join(wrong))

@@ -1,0 +1,129 @@
+"""Per-piece CUDA graphs: warm up, capture once per capture size, then replay.
+
+A piece is called with its token count as an int argument (Dynamo passes the symbolic size to every
+piece that uses it). For a size in the capture list the first ``num_warmups`` calls run the piece
+normally, the next call captures it, and later calls replay. Other sizes run the piece without a graph.
+
+Memory. All pieces and sizes of a model capture into one memory pool. A graph's outputs live in that
+pool; we keep only *non-owning* views of them, so once the caller drops the tensors returned at capture
+time, their blocks return to the pool and graphs captured later (other pieces, other sizes) reuse them.
+The graphs of one size never overwrite each other's live data: while piece k+1 is captured, piece k's
+outputs are still held by the caller, so the allocator cannot hand them out. Capturing the largest size
+first lets every smaller size fit into blocks the larger one already reserved. The price: the tensors a
+replay returns are valid only until the next replay of any size, which the runner respects.
+
+Inputs. A graph reads its inputs from the addresses they had at capture. Model inputs must therefore come
+from the runner's static buffers, parameters must not be reassigned, and intermediate inputs (outputs of
+earlier pieces, attention's preallocated output) are pool memory. ``debug_cudagraph_addresses`` checks
+this on every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from reference.compilation.counters import compilation_counter
+
+
+def non_owning(tensor: Any) -> Any:
+    """A tensor aliasing ``tensor``'s memory without keeping it allocated (non-tensors pass through).
+
+    The same device-pointer trick PyTorch's own cudagraph trees use to hand out graph outputs.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    storage = torch._C._construct_storage_from_data_pointer(
+        tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes()
+    )
+    return torch.empty((), dtype=tensor.dtype, device=tensor.device).set_(
+        storage, tensor.storage_offset(), tensor.shape, tensor.stride()
+    )
+
+
+@dataclass
+class _Entry:
+    warmups_done: int = 0
+    graph: "torch.cuda.CUDAGraph | None" = None
+    output: Any = None
+    input_addresses: list[int] = field(default_factory=list)
+
+
+class CUDAGraphPiece:
+    """Callable that runs ``runnable`` (a compiled piece) through per-size CUDA graphs.
+
+    Args:
+        name: the piece's name in the split module, for messages.
+        runnable: the compiled piece.
+        size_arg: index of the int argument that holds the token count, or None for a piece with static
+            shapes (captured once).
+        capture_sizes: token counts to capture.
+        num_warmups: plain runs at a size before capturing it.
+        pool: memory pool shared by every piece and size of the model (``torch.cuda.graph_pool_handle()``).
+        stream: side stream to capture on (capture is not allowed on the legacy default stream).
+        debug_addresses: check input addresses on every replay.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        runnable: Callable,
+        size_arg: int | None,
+        capture_sizes: tuple[int, ...],
+        num_warmups: int,
+        pool,
+        stream: "torch.cuda.Stream",
+        debug_addresses: bool,
+    ):
+        self.name = name
+        self.runnable = runnable
+        self.size_arg = size_arg
+        self.capture_sizes = frozenset(capture_sizes)
+        self.num_warmups = num_warmups
+        self.pool = pool
+        self.stream = stream
+        self.debug_addresses = debug_addresses
+        self.entries: dict[int | None, _Entry] = {}
+
+    def __call__(self, *args):
+        size = None if self.size_arg is None else args[self.size_arg]
+        if size is not None and size not in self.capture_sizes:
+            return self.runnable(*args)
+        entry = self.entries.setdefault(size, _Entry())
+        if entry.graph is not None:
+            if self.debug_addresses:
+                self._check_addresses(entry, size, args)
+            entry.graph.replay()
+            return entry.output
+        if entry.warmups_done < self.num_warmups:
+            entry.warmups_done += 1
+            return self.runnable(*args)
+        return self._capture(entry, args)
+
+    def _capture(self, entry: _Entry, args) -> Any:
+        graph = torch.cuda.CUDAGraph()
+        entry.input_addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                output = self.runnable(*args)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        entry.graph = graph
+        entry.output = tree_map(non_owning, output)
+        compilation_counter.num_cudagraph_captured += 1
+        return output
+
+    def _check_addresses(self, entry: _Entry, size, args) -> None:
+        for i, (arg, old) in enumerate(zip(args, entry.input_addresses)):
+            if old is not None and arg.data_ptr() != old:
+                raise RuntimeError(
+                    f"CUDA graph of piece {self.name} at size {size}: input {i} moved from {old:#x} to "
+                    f"{arg.data_ptr():#x} since capture; the graph would read stale memory. Feed model inputs "
+                    "from static buffers (the runner does) and do not reassign parameters after capture."
+                )

@@ -1,0 +1,300 @@
+"""Compilation settings: how a model is traced, split, compiled and captured into CUDA graphs.
+
+The field names and their meaning follow vLLM's ``CompilationConfig`` so that a vLLM user can pass the
+same dictionary (``{'level': 3, 'use_inductor': False, 'custom_ops': ['all']}``). Where vLLM is loose we
+are strict, on purpose:
+
+* Every field is validated when the config is built, and a bad value names the field and the allowed
+  values. vLLM accepts unknown keys in some versions and clips contradictory settings silently.
+* Defaults that depend on other fields (``cudagraph_mode``, the custom-op default) are resolved here,
+  once, and shown by ``describe()``, instead of being patched later by whichever component runs first.
+* Combinations that cannot mean what the user wrote (CUDA graphs without the piecewise backend, an
+  Inductor config with Inductor off, capture sizes that disagree with their maximum) are errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ATTENTION_OP = "reference::attention"
+
+LEVELS = {
+    0: "no compilation: the model runs as plain PyTorch",
+    1: "Dynamo as is: torch.compile with guards and recompilation, whole graph, no CUDA graphs",
+    2: "Dynamo once: one trace with a dynamic token dimension, guards dropped, whole graph",
+    3: "piecewise: one trace, split at splitting ops, pieces compiled and captured as CUDA graphs",
+}
+CUDAGRAPH_MODES = ("none", "piecewise")
+# Fields whose default depends on other fields; remembered so `for_eager` can tell a user's choice
+# from a default it may override.
+_DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type, or contradicts another value."""
+
+
+def default_capture_sizes(max_size: int) -> tuple[int, ...]:
+    """Capture sizes 1, 2, 4, then every multiple of 8, up to and including ``max_size`` (tokens).
+
+    The pattern is vLLM's (small batches are common in decode, larger ones are rarer and padding to the
+    next multiple of 8 wastes at most 7 tokens). Unlike some vLLM versions, ``max_size`` itself is always
+    kept even when it is not a multiple of 8, so a runner sized for ``max_size`` tokens never falls back
+    to running without graphs at its own maximum.
+    """
+    sizes = {s for s in (1, 2, 4) if s <= max_size}
+    sizes.update(range(8, max_size + 1, 8))
+    sizes.add(max_size)
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """How the model is compiled. Build it with keywords or with :meth:`parse`.
+
+    Fields (defaults in brackets):
+
+    * ``level`` [3]: 0, 1, 2 or 3, see ``LEVELS``.
+    * ``use_inductor`` [True]: compile each piece (or the whole graph at levels 1-2) with Inductor; when
+      False the pieces stay as eager FX code, which is still captured into CUDA graphs at level 3.
+    * ``custom_ops`` [[]]: which :class:`~reference.ops.custom_op.CustomOp` layers use their custom
+      (opaque, hand-fused) implementation instead of ``forward_native``. Entries: ``'all'``, ``'none'``,
+      ``'+name'``, ``'-name'``. With no ``'all'``/``'none'`` the default is *all* when Inductor does not
+      compile the model (level 0, or ``use_inductor=False``) and *none* when it does, since Inductor fuses
+      the native code itself.
+    * ``splitting_ops`` [[``'reference::attention'``]]: qualified torch.library op names (``ns::name``)
+      at which the graph is split; these run eagerly between CUDA graphs. ``[]`` keeps one whole graph.
+    * ``cudagraph_mode`` ['piecewise' at level 3, else 'none']: ``'none'`` or ``'piecewise'``.
+    * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
+      counts that get a CUDA graph; deduplicated and sorted.
+    * ``max_cudagraph_capture_size`` [512]: largest captured token count (vLLM's default maximum).
+    * ``cudagraph_num_of_warmups`` [1]: eager runs of a piece at a size before that size is captured, so
+      lazy initialisation (cuBLAS handles, autotuning) happens outside the graph.
+    * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
+    * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
+      address it had at capture; raises naming the piece and size. Costs a few microseconds per piece.
+
+    Raises:
+        ConfigError: a field has the wrong type or value, or two fields contradict each other.
+    """
+
+    level: int | None = None
+    use_inductor: bool = True
+    custom_ops: tuple[str, ...] = ()
+    splitting_ops: tuple[str, ...] = (ATTENTION_OP,)
+    cudagraph_mode: str | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+    cudagraph_num_of_warmups: int = 1
+    inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
+    debug_cudagraph_addresses: bool = False
+    # The dependent fields the caller set explicitly (not a constructor argument).
+    _explicit: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "_explicit", frozenset(f for f in _DEPENDENT_DEFAULTS if getattr(self, f) is not None))
+        if self.level is None:
+            set_(self, "level", 3)
+        _check_choice("level", self.level, tuple(LEVELS))
+        _check_type("use_inductor", self.use_inductor, bool)
+        _check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
+        set_(self, "custom_ops", _string_tuple("custom_ops", self.custom_ops))
+        _validate_custom_ops(self.custom_ops)
+        set_(self, "splitting_ops", _string_tuple("splitting_ops", self.splitting_ops))
+        for name in self.splitting_ops:
+            if name.count("::") != 1 or not all(name.split("::")):
+                raise ConfigError(
+                    f"splitting_ops: {name!r} is not a qualified op name; expected 'namespace::op', "
+                    f"e.g. {ATTENTION_OP!r}"
+                )
+        if self.cudagraph_mode is None:
+            set_(self, "cudagraph_mode", "piecewise" if self.level == 3 else "none")
+        _check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
+        _check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
+        self._resolve_capture_sizes()
+        if not isinstance(self.inductor_compile_config, Mapping) or not all(
+            isinstance(k, str) for k in self.inductor_compile_config
+        ):
+            raise ConfigError(
+                "inductor_compile_config: expected a dict with string keys (Inductor config names), "
+                f"got {self.inductor_compile_config!r}"
+            )
+        set_(self, "inductor_compile_config", dict(self.inductor_compile_config))
+        self._check_contradictions()
+
+    def _resolve_capture_sizes(self) -> None:
+        sizes, max_size = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
+        if max_size is not None:
+            _check_int("max_cudagraph_capture_size", max_size, minimum=1)
+        if sizes is None:
+            sizes = default_capture_sizes(512 if max_size is None else max_size)
+        else:
+            if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+                raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {sizes!r}")
+            for s in sizes:
+                _check_int("cudagraph_capture_sizes", s, minimum=1)
+            sizes = tuple(sorted(set(sizes)))
+            if max_size is not None and sizes and max(sizes) != max_size:
+                raise ConfigError(
+                    f"cudagraph_capture_sizes (largest {max(sizes)}) and max_cudagraph_capture_size "
+                    f"({max_size}) disagree; give one of them, or make the largest size equal the maximum"
+                )
+        object.__setattr__(self, "cudagraph_capture_sizes", sizes)
+        object.__setattr__(self, "max_cudagraph_capture_size", max(sizes) if sizes else 0)
+
+    def _check_contradictions(self) -> None:
+        if self.cudagraph_mode == "piecewise" and self.level != 3:
+            raise ConfigError(
+                f"cudagraph_mode='piecewise' needs level=3 (the piecewise backend), got level={self.level}; "
+                "use level=3 or cudagraph_mode='none'"
+            )
+        if self.cudagraph_mode == "piecewise" and not self.cudagraph_capture_sizes:
+            raise ConfigError(
+                "cudagraph_capture_sizes is empty but cudagraph_mode='piecewise'; "
+                "give at least one size or set cudagraph_mode='none'"
+            )
+        if self.inductor_compile_config and not self.use_inductor:
+            raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
+        if self.level != 3 and self.splitting_ops != (ATTENTION_OP,):
+            raise ConfigError(
+                f"splitting_ops only apply at level=3 (piecewise), got level={self.level}; "
+                "remove splitting_ops or use level=3"
+            )
+
+    # ------------------------------------------------------------------ derived settings
+    @property
+    def inductor_compiles_model(self) -> bool:
+        """True when Inductor generates the model's code (level >= 1 and ``use_inductor``)."""
+        return self.level > 0 and self.use_inductor
+
+    @property
+    def custom_ops_default(self) -> bool:
+        """Whether a custom op not named in ``custom_ops`` (and with no 'all'/'none') is enabled."""
+        if "all" in self.custom_ops:
+            return True
+        if "none" in self.custom_ops:
+            return False
+        return not self.inductor_compiles_model
+
+    def for_eager(self) -> "CompilationConfig":
+        """This config with ``enforce_eager`` applied: level 0 and no CUDA graphs.
+
+        Raises:
+            ConfigError: the caller explicitly asked for compilation (level >= 1) or CUDA graphs, which
+                ``enforce_eager`` cannot honour. vLLM silently overrides such settings instead.
+        """
+        if "level" in self._explicit and self.level != 0:
+            raise ConfigError(
+                f"enforce_eager=True contradicts compilation_config level={self.level}; "
+                "drop enforce_eager or set level=0"
+            )
+        if "cudagraph_mode" in self._explicit and self.cudagraph_mode != "none":
+            raise ConfigError(
+                f"enforce_eager=True contradicts cudagraph_mode={self.cudagraph_mode!r}; "
+                "drop enforce_eager or set cudagraph_mode='none'"
+            )
+        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=(ATTENTION_OP,))
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved settings as a JSON-serialisable dict (for logs and result files)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def parse(cls, value: "CompilationConfig | Mapping[str, Any] | str | int | None") -> "CompilationConfig":
+        """Build a config from a config, a dict, a JSON string, a Python-literal string or a level.
+
+        ``"3"`` and ``3`` mean ``{'level': 3}``; ``'{"use_inductor": false}'`` is JSON;
+        ``"{'use_inductor': False, 'custom_ops': ['all']}"`` is read with ``ast.literal_eval`` (never
+        ``eval``). ``None`` gives the defaults.
+
+        Raises:
+            ConfigError: the string is neither JSON nor a Python literal, the value is not a dict, or a
+                key is unknown (the message lists the known keys), or a value is invalid.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(level=value)
+        if isinstance(value, str):
+            value = _parse_string(value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
+                f"got {type(value).__name__}: {value!r}"
+            )
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"compilation config: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**value)
+
+
+# ---------------------------------------------------------------------- helpers
+def _parse_string(text: str) -> Any:
+    text = text.strip()
+    if text.isdigit():
+        return {"level": int(text)}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError) as err:
+        raise ConfigError(
+            f"compilation config: {text!r} is neither JSON, a Python literal nor a level digit ({err})"
+        ) from None
+
+
+def _check_type(name: str, value: Any, typ: type) -> None:
+    if not isinstance(value, typ):
+        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}: expected an int >= {minimum}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, allowed: tuple) -> None:
+    if isinstance(value, bool) or value not in allowed:
+        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {value!r}")
+
+
+def _string_tuple(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+    for item in value:
+        if not isinstance(item, str):
+            raise ConfigError(f"{name}: expected a list of strings, got item {item!r}")
+    return tuple(value)
+
+
+def _validate_custom_ops(entries: tuple[str, ...]) -> None:
+    """Check ``custom_ops`` entries against the registered op names and each other."""
+    from reference.ops.custom_op import registered_custom_ops  # the registry imports all op modules
+
+    known = registered_custom_ops()
+    allowed = f"'all', 'none', or '+name'/'-name' with name in {sorted(known)}"
+    if "all" in entries and "none" in entries:
+        raise ConfigError("custom_ops: 'all' and 'none' contradict each other; keep one")
+    signs: dict[str, str] = {}
+    for entry in entries:
+        if entry in ("all", "none"):
+            continue
+        sign, name = entry[:1], entry[1:]
+        if sign not in ("+", "-") or not name:
+            raise ConfigError(f"custom_ops: {entry!r} is not valid; expected {allowed}")
+        if name not in known:
+            raise ConfigError(f"custom_ops: unknown op {name!r} in {entry!r}; known ops: {sorted(known)}")
+        if signs.setdefault(name, sign) != sign:
+            raise ConfigError(f"custom_ops: '+{name}' and '-{name}' contradict each other; keep one")

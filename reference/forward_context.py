@@ -1,0 +1,56 @@
+"""Per-step state that opaque ops read instead of graph inputs.
+
+The compiled graph is traced once for every batch, so anything that changes shape or meaning from step
+to step (which tokens belong to which sequence, where their keys go in the KV cache) cannot be a graph
+input without forcing recompiles or breaking CUDA-graph replay. The runner puts it here, around one
+forward call; the attention op, which runs eagerly between CUDA graphs, reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+_current: "ForwardContext | None" = None
+
+
+@dataclass
+class ForwardContext:
+    """What one forward step needs outside the graph.
+
+    Attributes:
+        attn_metadata: the step's ``AttentionMetadata`` (None for models whose attention needs none).
+        attention_layers: layer name -> attention layer (holds its KV cache), for the op's lookup.
+    """
+
+    attn_metadata: Any = None
+    attention_layers: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def set_forward_context(context: ForwardContext) -> Iterator[ForwardContext]:
+    """Make ``context`` current for the duration of one forward call. Contexts do not nest."""
+    global _current
+    if _current is not None:
+        raise RuntimeError("set_forward_context: a forward context is already active; contexts do not nest")
+    _current = context
+    try:
+        yield context
+    finally:
+        _current = None
+
+
+def get_forward_context() -> ForwardContext:
+    """The active context.
+
+    Raises:
+        RuntimeError: no context is active, i.e. the model was called outside ``ModelRunner`` or
+            ``set_forward_context``.
+    """
+    if _current is None:
+        raise RuntimeError(
+            "no forward context: attention needs per-step metadata; run the model through "
+            "reference.engine.ModelRunner or inside reference.forward_context.set_forward_context(...)"
+        )
+    return _current

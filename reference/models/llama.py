@@ -1,0 +1,146 @@
+"""Llama-architecture decoder (Llama 2/3.x), built from a transformers ``LlamaConfig``.
+
+Same computation as transformers' ``LlamaForCausalLM`` (the oracle), written for inference: q/k/v and
+gate/up projections are fused into one GEMM each, RMSNorm fuses the residual add, attention goes through
+the opaque KV-cache op, and the model takes flat token batches (``input_ids [T]``, ``positions [T]``)
+instead of padded ``[B, S]`` tensors. Parameter names are transformers' except the fused ones; see
+``STACKED_PARAMS`` for the mapping the loader applies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from reference.ops import Attention, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
+
+# our fused parameter -> the transformers parameters stacked into it, in order (along dim 0)
+STACKED_PARAMS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+def head_dim(config: LlamaConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def llama_rotary(config: LlamaConfig, ops: CustomOpSelection) -> RotaryEmbedding:
+    """RoPE with transformers' frequencies for ``config`` (default or llama3-scaled), one per model."""
+    hf_rope = LlamaRotaryEmbedding(config)
+    return RotaryEmbedding(
+        ops, head_dim(config), config.max_position_embeddings, hf_rope.inv_freq, hf_rope.attention_scaling
+    )
+
+
+class LlamaAttention(nn.Module):
+    """qkv projection, RoPE, attention, output projection. ``forward(positions [T], x [T, H]) -> [T, H]``.
+
+    Args:
+        attention_cls: the attention layer; :class:`~reference.ops.Attention` (KV cache) by default.
+    """
+
+    def __init__(self, config: LlamaConfig, rotary: RotaryEmbedding, prefix: str, attention_cls=Attention):
+        super().__init__()
+        heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+        self.q_size, self.kv_size = heads * d, kv_heads * d
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
+        self.rotary_emb = rotary
+        self.attn = attention_cls(heads, kv_heads, d, d**-0.5, layer_name=f"{prefix}.attn")
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU MLP. ``forward(x [T, H]) -> [T, H]``."""
+
+    def __init__(self, config: LlamaConfig, ops: CustomOpSelection):
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act_fn = SiluAndMul(ops)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block. ``forward(positions, hidden [T, H], residual [T, H] | None) -> (hidden, residual)``.
+
+    The residual add is deferred into the next RMSNorm (fused add + norm), so the layer returns the
+    un-added MLP output and the running residual.
+    """
+
+    def __init__(self, config, ops: CustomOpSelection, rotary: RotaryEmbedding, prefix: str, attention_cls=Attention):
+        super().__init__()
+        self.input_layernorm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, rotary, f"{prefix}.self_attn", attention_cls)
+        self.post_attention_layernorm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config, ops)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm. ``forward(input_ids [T], positions [T]) -> [T, H]``."""
+
+    def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        rotary = llama_rotary(config, ops)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, ops, rotary, f"model.layers.{i}", attention_cls)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama decoder with its LM head.
+
+    ``forward(input_ids [T] int64, positions [T] int64) -> hidden [T, H]`` (model dtype);
+    ``compute_logits(hidden [N, H]) -> [N, vocab]`` float32. Logits are computed outside the compiled
+    forward, only for the tokens that need them (the last token of each sequence).
+
+    Args:
+        config: a transformers ``LlamaConfig``.
+        ops: custom-op selection (which layers use custom implementations).
+        attention_cls: the attention layer class (the toy model swaps in a stateless one).
+    """
+
+    stacked_params = STACKED_PARAMS
+
+    def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, ops, attention_cls)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,219 @@
+"""Attention over a KV cache, as one opaque op: the default splitting op.
+
+``reference::attention(q, k, v, out, layer_name)`` writes this step's keys and values into the layer's
+KV cache and the attention result into ``out``, a buffer the caller allocated. Writing into a
+preallocated output (instead of returning a tensor) is what lets the piece *before* attention allocate
+the buffer inside its CUDA graph's memory pool and the piece *after* read it at a fixed address.
+
+Everything that varies per step and is not a tensor of the graph (which rows are padding, each
+sequence's length, where its keys go) comes from the :class:`~reference.forward_context.ForwardContext`,
+so the traced graph never sees it and the op may be fully dynamic: it runs eagerly between graphs.
+
+KV cache layout per layer: ``[2, rows, max_model_len, Hkv, D]`` (keys, values); sequence ``i`` of a
+batch owns row ``rows[i]`` and its token at position ``p`` lives at ``[:, rows[i], p]``. A contiguous
+row per sequence is the simplest cache that serves static batches; paged caches are out of scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reference.forward_context import get_forward_context
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens come from and go to. Built by the runner, read by the attention op.
+
+    Tokens are laid out sequence by sequence: sequence ``i`` contributes ``query_lens[i]`` consecutive
+    tokens. Tokens past ``num_actual_tokens`` are padding up to a CUDA-graph capture size; attention
+    neither reads nor writes their rows.
+
+    Attributes:
+        query_lens: new tokens per sequence this step (1 for every sequence in decode).
+        seq_lens: tokens per sequence in the cache after this step (context + new).
+        rows: KV-cache row of each sequence.
+        slot_mapping: [num_actual_tokens] int64 on the model's device; flat ``row * max_model_len + pos``.
+        seq_lens_tensor: [num_seqs] int64 on the device (decode masks).
+    """
+
+    query_lens: list[int]
+    seq_lens: list[int]
+    rows: list[int]
+    slot_mapping: torch.Tensor
+    seq_lens_tensor: torch.Tensor
+    _masks: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls, query_lens: list[int], seq_lens: list[int], rows: list[int], max_model_len: int, device
+    ) -> "AttentionMetadata":
+        """Metadata for sequences that each append ``query_lens[i]`` tokens ending at ``seq_lens[i]``.
+
+        Raises:
+            ValueError: lists of different lengths, a query longer than its sequence, or a sequence
+                longer than ``max_model_len``.
+        """
+        if not (len(query_lens) == len(seq_lens) == len(rows)):
+            raise ValueError("query_lens, seq_lens and rows must have one entry per sequence")
+        slots = []
+        for ql, sl, row in zip(query_lens, seq_lens, rows):
+            if not 0 < ql <= sl <= max_model_len:
+                raise ValueError(f"need 0 < query_len ({ql}) <= seq_len ({sl}) <= max_model_len ({max_model_len})")
+            slots.extend(range(row * max_model_len + sl - ql, row * max_model_len + sl))
+        return cls(
+            query_lens=list(query_lens),
+            seq_lens=list(seq_lens),
+            rows=list(rows),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        )
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return len(self.slot_mapping)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+    def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
+        """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
+
+        Built once per step and window size, shared by all layers.
+        """
+        key = sliding_window
+        if key not in self._masks:
+            max_len = max(self.seq_lens)
+            needs_mask = min(self.seq_lens) != max_len or (sliding_window is not None and max_len > sliding_window)
+            mask = None
+            if needs_mask:
+                kpos = torch.arange(max_len, device=device)[None, :]  # [1, L]
+                lens = self.seq_lens_tensor[:, None]  # [B, 1]
+                mask = kpos < lens
+                if sliding_window is not None:
+                    mask &= kpos > lens - 1 - sliding_window
+                mask = mask[:, None, None, :]
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+def _causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device) -> torch.Tensor:
+    """[query_len, seq_len] bool: query i (at position seq_len - query_len + i) may see key j."""
+    qpos = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
+    kpos = torch.arange(seq_len, device=device)[None, :]
+    mask = kpos <= qpos
+    if sliding_window is not None:
+        mask &= kpos > qpos - sliding_window
+    return mask
+
+
+def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    """softmax(q k^T * scale [softcapped] + mask) v. q: [B, Hkv, M, D]; k, v: [B, Hkv, L, D] -> [B, Hkv, M, D].
+
+    Grouped-query heads are folded into M by the caller, so keys are never repeated per query head.
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1).to(v.dtype), v)
+
+
+def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
+    """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens."""
+    n = md.num_actual_tokens
+    heads, kv_heads, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+    group = heads // kv_heads
+    k_cache, v_cache = layer.kv_cache.unbind(0)  # [R, L, Hkv, D] each
+    k_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, k[:n].view(n, kv_heads, d))
+    v_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, v[:n].view(n, kv_heads, d))
+    q = q[:n].view(n, kv_heads, group, d)  # query heads of one kv head are adjacent (transformers' repeat_kv)
+    out = out[:n].view(n, kv_heads, group, d)
+
+    if md.is_decode:
+        # One query per sequence: its `group` heads act as `group` query rows against one kv head.
+        b, max_len = n, max(md.seq_lens)
+        rows = slice(md.rows[0], md.rows[0] + b) if md.rows == list(range(md.rows[0], md.rows[0] + b)) else md.rows
+        keys = k_cache[rows, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
+        values = v_cache[rows, :max_len].transpose(1, 2)
+        mask = md.decode_mask(layer.sliding_window, q.device)
+        out.copy_(_attend(q, keys, values, mask, layer.scale, layer.logits_soft_cap))
+        return
+
+    start = 0
+    for ql, sl, row in zip(md.query_lens, md.seq_lens, md.rows):
+        # [ql, Hkv, G, D] -> [1, Hkv, ql * G, D]: query rows ordered (token, head-in-group)
+        qi = q[start : start + ql].permute(1, 0, 2, 3).reshape(1, kv_heads, ql * group, d)
+        keys = k_cache[row, :sl].transpose(0, 1)[None]  # [1, Hkv, L, D]
+        values = v_cache[row, :sl].transpose(0, 1)[None]
+        mask = _causal_mask(ql, sl, layer.sliding_window, q.device).repeat_interleave(group, dim=0)
+        oi = _attend(qi, keys, values, mask, layer.scale, layer.logits_soft_cap)  # [1, Hkv, ql * G, D]
+        out[start : start + ql] = oi[0].view(kv_heads, ql, group, d).permute(1, 0, 2, 3)
+        start += ql
+
+
+@torch.library.custom_op("reference::attention", mutates_args=("out",))
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
+    """Opaque attention of layer ``layer_name``. q, out: [T, Hq*D]; k, v: [T, Hkv*D]. Mutates ``out``."""
+    ctx = get_forward_context()
+    attention_impl(ctx.attention_layers[layer_name], ctx.attn_metadata, q, k, v, out)
+
+
+@attention_op.register_fake
+def _(q, k, v, out, layer_name):
+    return None
+
+
+class Attention(nn.Module):
+    """The attention of one layer; its KV cache is attached by the runner.
+
+    ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]`` in the activations' dtype.
+
+    Args:
+        num_heads: Hq. num_kv_heads: Hkv (must divide Hq). head_size: D.
+        scale: multiplies q k^T (usually D ** -0.5).
+        layer_name: unique key; the op finds this layer (and its cache) under it in the forward context.
+        sliding_window: if set, a query at position p sees keys in (p - sliding_window, p].
+        logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)`` (Gemma 2 style).
+
+    Attributes:
+        kv_cache: [2, rows, max_model_len, Hkv, D] or None until the runner allocates it.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        scale: float,
+        layer_name: str,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self.scale = float(scale)
+        self.layer_name = layer_name
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = q.new_empty(q.shape)  # allocated here, so inside the preceding piece's graph pool
+        torch.ops.reference.attention(q, k, v, out, self.layer_name)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.layer_name}: heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
+            f"window={self.sliding_window}"
+        )

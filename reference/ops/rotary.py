@@ -1,0 +1,92 @@
+"""Rotary position embedding, neox style (rotate the two halves of each head).
+
+RoPE: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021. The "neox"
+layout (pairs are (i, i + D/2), not adjacent elements) is what Llama, Qwen and Gemma checkpoints in
+transformers use. The frequencies come from transformers' rope initialisers (llama3 scaling, Gemma's
+per-layer-type bases): the oracle's own numbers, so our tables match it exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.ops.custom_op import CustomOp, CustomOpSelection
+
+
+def cos_sin_table(inv_freq: torch.Tensor, max_position: int, attention_scaling: float = 1.0) -> torch.Tensor:
+    """[max_position, D] float32: cos in the first D/2 columns, sin in the last D/2.
+
+    inv_freq: [D/2] float32 frequencies (radians per position).
+    """
+    positions = torch.arange(max_position, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq.float())  # [P, D/2]
+    return torch.cat([freqs.cos() * attention_scaling, freqs.sin() * attention_scaling], dim=-1)
+
+
+def rotate_reference(
+    positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int
+) -> torch.Tensor:
+    """Rotate x: [T, heads * head_size] at positions: [T] (int64). Computed in x.dtype, like transformers."""
+    cos, sin = cos_sin_cache[positions].to(x.dtype).chunk(2, dim=-1)  # [T, D/2] each
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, D/2]
+    x = x.unflatten(-1, (-1, head_size))  # [T, heads, D]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+@torch.library.custom_op("reference::rotary_embedding", mutates_args=())
+def rotary_embedding_op(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Opaque neox RoPE of q: [T, Hq * D] and k: [T, Hkv * D]; returns new (q, k)."""
+    return (
+        rotate_reference(positions, q, cos_sin_cache, head_size),
+        rotate_reference(positions, k, cos_sin_cache, head_size),
+    )
+
+
+@rotary_embedding_op.register_fake
+def _(positions, q, k, cos_sin_cache, head_size):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+class RotaryEmbedding(CustomOp):
+    """Neox-style RoPE. ``forward(positions [T] int64, q [T, Hq*D], k [T, Hkv*D]) -> (q, k)``.
+
+    Args:
+        ops: custom-op selection.
+        head_size: D (all of it is rotated).
+        max_position: rows of the cos/sin table; positions must be smaller.
+        inv_freq: [D/2] frequencies, e.g. from ``transformers.modeling_rope_utils``.
+        attention_scaling: multiplies cos and sin (1.0 except for some scaled rope types).
+
+    The table is a buffer computed in fp32; casting the model casts it once, which rounds exactly as
+    transformers' per-call ``cos.to(dtype)`` does.
+    """
+
+    name = "rotary_embedding"
+
+    def __init__(
+        self,
+        ops: CustomOpSelection,
+        head_size: int,
+        max_position: int,
+        inv_freq: torch.Tensor,
+        attention_scaling: float = 1.0,
+    ):
+        super().__init__(ops)
+        if inv_freq.shape != (head_size // 2,):
+            raise ValueError(f"inv_freq: expected shape ({head_size // 2},), got {tuple(inv_freq.shape)}")
+        self.head_size = head_size
+        self.register_buffer(
+            "cos_sin_cache", cos_sin_table(inv_freq, max_position, attention_scaling), persistent=False
+        )
+
+    def forward_native(self, positions, q, k):
+        return (
+            rotate_reference(positions, q, self.cos_sin_cache, self.head_size),
+            rotate_reference(positions, k, self.cos_sin_cache, self.head_size),
+        )
+
+    def forward_custom(self, positions, q, k):
+        return torch.ops.reference.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size)
