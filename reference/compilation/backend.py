@@ -31,20 +31,9 @@ def _check_ops_exist(names: tuple[str, ...]) -> None:
             )
 
 
-def _size_arg(piece: Piece) -> int | None:
-    """Index of the piece's token-count argument: its only SymInt placeholder (None if static).
-
-    Raises:
-        NotImplementedError: the piece has several distinct symbolic sizes; per-size CUDA graphs need a
-            single token dimension.
-    """
-    sym = [(i, v) for i, v in enumerate(example_inputs(piece.module)) if isinstance(v, torch.SymInt)]
-    if len({str(v) for _, v in sym}) > 1:
-        raise NotImplementedError(
-            f"piece {piece.name} has several symbolic sizes {[str(v) for _, v in sym]}; piecewise CUDA graphs "
-            "support one dynamic (token) dimension shared by all inputs"
-        )
-    return sym[0][0] if sym else None
+def _size_args(piece: Piece) -> tuple[int, ...]:
+    """Indices of the piece's SymInt arguments (token counts); empty for a piece with static shapes."""
+    return tuple(i for i, v in enumerate(example_inputs(piece.module)) if isinstance(v, torch.SymInt))
 
 
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
@@ -114,7 +103,7 @@ class PiecewiseBackend:
         runner = CUDAGraphPiece(
             name=piece.name,
             runnable=runnable,
-            size_arg=_size_arg(piece),
+            size_args=_size_args(piece),
             capture_sizes=self.config.cudagraph_capture_sizes,
             num_warmups=self.config.cudagraph_num_of_warmups,
             pool=self._graph_pool,

@@ -1,8 +1,10 @@
 """Per-piece CUDA graphs: warm up, capture once per capture size, then replay.
 
-A piece is called with its token count as an int argument (Dynamo passes the symbolic size to every
-piece that uses it). For a size in the capture list the first ``num_warmups`` calls run the piece
-normally, the next call captures it, and later calls replay. Other sizes run the piece without a graph.
+A piece receives its token count as int arguments (Dynamo passes each symbolic size a piece uses; the
+token dimensions of ``input_ids`` and ``positions`` may be two symbols that are equal at run time). For a
+size in the capture list the first ``num_warmups`` calls run the piece normally, the next call captures
+it and replays it once (capturing records kernels without running them), and later calls replay. Other
+sizes, and calls whose size arguments disagree, run the piece without a graph.
 
 Memory. All pieces and sizes of a model capture into one memory pool. A graph's outputs live in that
 pool; we keep only *non-owning* views of them, so once the caller drops the tensors returned at capture
@@ -58,8 +60,8 @@ class CUDAGraphPiece:
     Args:
         name: the piece's name in the split module, for messages.
         runnable: the compiled piece.
-        size_arg: index of the int argument that holds the token count, or None for a piece with static
-            shapes (captured once).
+        size_args: indices of the int arguments that hold the token count (empty for a piece with static
+            shapes, which is captured once).
         capture_sizes: token counts to capture.
         num_warmups: plain runs at a size before capturing it.
         pool: memory pool shared by every piece and size of the model (``torch.cuda.graph_pool_handle()``).
@@ -71,7 +73,7 @@ class CUDAGraphPiece:
         self,
         name: str,
         runnable: Callable,
-        size_arg: int | None,
+        size_args: tuple[int, ...],
         capture_sizes: tuple[int, ...],
         num_warmups: int,
         pool,
@@ -80,7 +82,7 @@ class CUDAGraphPiece:
     ):
         self.name = name
         self.runnable = runnable
-        self.size_arg = size_arg
+        self.size_args = size_args
         self.capture_sizes = frozenset(capture_sizes)
         self.num_warmups = num_warmups
         self.pool = pool
@@ -89,9 +91,11 @@ class CUDAGraphPiece:
         self.entries: dict[int | None, _Entry] = {}
 
     def __call__(self, *args):
-        size = None if self.size_arg is None else args[self.size_arg]
-        if size is not None and size not in self.capture_sizes:
-            return self.runnable(*args)
+        size = None
+        if self.size_args:
+            size = args[self.size_args[0]]
+            if size not in self.capture_sizes or any(args[i] != size for i in self.size_args[1:]):
+                return self.runnable(*args)
         entry = self.entries.setdefault(size, _Entry())
         if entry.graph is not None:
             if self.debug_addresses:
@@ -114,6 +118,7 @@ class CUDAGraphPiece:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(self.stream)
+        graph.replay()  # capture only recorded the kernels; run them so this call's output is real
         entry.graph = graph
         entry.output = tree_map(non_owning, output)
         compilation_counter.num_cudagraph_captured += 1

@@ -1,0 +1,174 @@
+"""Run a model one step at a time: static inputs, padding to capture sizes, KV cache, forward context.
+
+The runner is the only caller of the compiled model, and it keeps the promises CUDA-graph replay needs:
+
+* Model inputs (``input_ids``, ``positions``) are slices of buffers allocated once, so their addresses
+  never change between capture and replay.
+* A step of ``n`` tokens runs at the smallest capture size ``T >= n`` (padding rows ``n..T`` hold stale
+  but valid token ids and positions); attention ignores padding rows, and only the real rows are read
+  back. Steps larger than the largest capture size run at their own size, without graphs.
+* The model's output aliases graph memory; the runner gathers the rows it needs into a fresh tensor
+  before the next step can overwrite it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reference.compilation import compile_model
+from reference.config import CompilationConfig
+from reference.forward_context import ForwardContext, set_forward_context
+from reference.ops import Attention, AttentionMetadata
+
+
+@dataclass
+class StartupStats:
+    """What it cost to get the model ready.
+
+    Attributes:
+        compile_s: first forward call (Dynamo trace, splitting, piece compilation), seconds.
+        capture_s: warm-up runs and CUDA-graph capture of every capture size, seconds.
+        graph_gib: device memory taken by graph capture (free memory before minus after), GiB.
+        capture_sizes: the sizes captured, largest first.
+    """
+
+    compile_s: float = 0.0
+    capture_s: float = 0.0
+    graph_gib: float = 0.0
+    capture_sizes: tuple[int, ...] = ()
+
+
+class ModelRunner:
+    """Owns a model's compiled forward, its KV cache and its static input buffers.
+
+    Args:
+        model: has ``forward(input_ids [T] int64, positions [T] int64) -> [T, H]`` and
+            ``compute_logits(hidden [N, H]) -> [N, V]``; its :class:`~reference.ops.Attention` layers get
+            a KV cache each.
+        config: compilation settings (already resolved; apply ``enforce_eager`` before).
+        max_num_seqs: KV-cache rows (sequences in flight at once).
+        max_model_len: tokens per sequence (prompt + generated) the cache holds.
+        max_num_batched_tokens: most tokens in one step (buffers are this long); default
+            ``max_num_seqs * max_model_len``. Capture sizes above it are not captured.
+
+    Raises:
+        ValueError: a size is not positive.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: CompilationConfig,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+    ):
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value}")
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.model, self.config = model, config
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
+        self.compiled = compile_model(model, config)
+        self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
+        for layer in self.attention_layers.values():
+            layer.kv_cache = torch.zeros(
+                2, max_num_seqs, max_model_len, layer.num_kv_heads, layer.head_size, dtype=self.dtype, device=self.device
+            )
+        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        self.positions = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        self.use_cuda_graphs = config.cudagraph_mode == "piecewise" and self.device.type == "cuda"
+        sizes = config.cudagraph_capture_sizes if self.use_cuda_graphs else ()
+        self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
+        self.startup = StartupStats()
+
+    # ------------------------------------------------------------------ one step
+    def padded_size(self, num_tokens: int) -> int:
+        """The token count the step runs at: the smallest capture size >= ``num_tokens``, else itself."""
+        i = bisect.bisect_left(self.capture_sizes, num_tokens)
+        return self.capture_sizes[i] if i < len(self.capture_sizes) else num_tokens
+
+    @torch.inference_mode()
+    def step(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
+        """Append ``new_tokens[i]`` to sequence ``i`` (cache row ``rows[i]``, ``context_lens[i]`` tokens
+        already cached) and return the logits after each sequence's last new token.
+
+        Returns:
+            [num_seqs, vocab] float32.
+
+        Raises:
+            ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, or a sequence past
+                ``max_model_len``.
+        """
+        hidden = self.forward(new_tokens, context_lens, rows)
+        last = torch.tensor(list(itertools.accumulate(map(len, new_tokens))), device=self.device) - 1
+        return self.model.compute_logits(hidden[last])
+
+    @torch.inference_mode()
+    def forward(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
+        """Like :meth:`step` but returns the hidden states of all real tokens, [n, H] (graph memory for
+        CUDA-graph sizes: valid until the next call)."""
+        ids = [t for seq in new_tokens for t in seq]
+        n = len(ids)
+        if not 0 < n <= self.max_num_tokens:
+            raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
+        query_lens = [len(seq) for seq in new_tokens]
+        seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+        positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]
+        metadata = AttentionMetadata.build(query_lens, seq_lens, rows, self.max_model_len, self.device)
+        self.input_ids[:n].copy_(torch.tensor(ids), non_blocking=True)
+        self.positions[:n].copy_(torch.tensor(positions), non_blocking=True)
+        size = self.padded_size(n)
+        with set_forward_context(ForwardContext(metadata, self.attention_layers)):
+            hidden = self.compiled(self.input_ids[:size], self.positions[:size])
+        return hidden[:n]
+
+    # ------------------------------------------------------------------ start-up
+    @torch.inference_mode()
+    def warm_up(self) -> StartupStats:
+        """Compile (first call) and capture every capture size, largest first; returns the costs.
+
+        Capturing the largest size first lets smaller sizes reuse its pool memory.
+        """
+        first = max(self.capture_sizes, default=min(self.max_num_tokens, max(2, self.max_num_seqs)))
+        start = time.perf_counter()
+        self._dummy_step(max(first, 2))
+        self._sync()
+        self.startup.compile_s = time.perf_counter() - start
+        if self.capture_sizes:
+            free_before = torch.cuda.mem_get_info(self.device)[0]
+            start = time.perf_counter()
+            for size in sorted(self.capture_sizes, reverse=True):
+                for _ in range(self.config.cudagraph_num_of_warmups + 1):
+                    self._dummy_step(size)
+            self._sync()
+            self.startup.capture_s = time.perf_counter() - start
+            self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
+            self.startup.capture_sizes = tuple(sorted(self.capture_sizes, reverse=True))
+        return self.startup
+
+    def _dummy_step(self, num_tokens: int) -> None:
+        """Run ``num_tokens`` dummy tokens, spread over cache rows in chunks of at most max_model_len."""
+        chunks, rows, left = [], [], num_tokens
+        while left:
+            take = min(left, self.max_model_len)
+            chunks.append([0] * take)
+            rows.append(len(rows) % self.max_num_seqs)
+            left -= take
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"{num_tokens} dummy tokens do not fit the KV cache")
+        self.forward(chunks, [0] * len(chunks), rows)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
