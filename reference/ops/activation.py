@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from reference.ops.custom_op import CustomOp
+from reference.ops.custom_op import HAS_TRITON, CustomOp
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
@@ -42,6 +42,12 @@ def gelu_tanh_and_mul_op(x: torch.Tensor) -> torch.Tensor:
 
 silu_and_mul_op.register_fake(_gated_fake)
 gelu_tanh_and_mul_op.register_fake(_gated_fake)
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
+
+    silu_and_mul_op.register_kernel("cuda")(lambda x: triton_kernels.gated_activation(x, gelu=False))
+    gelu_tanh_and_mul_op.register_kernel("cuda")(lambda x: triton_kernels.gated_activation(x, gelu=True))
 
 
 class SiluAndMul(CustomOp):

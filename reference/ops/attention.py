@@ -23,6 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.forward_context import get_forward_context
+from reference.ops.custom_op import HAS_TRITON
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
 
 
 @dataclass
@@ -38,7 +42,10 @@ class AttentionMetadata:
         seq_lens: tokens per sequence in the cache after this step (context + new).
         rows: KV-cache row of each sequence.
         slot_mapping: [num_actual_tokens] int64 on the model's device; flat ``row * max_model_len + pos``.
-        seq_lens_tensor: [num_seqs] int64 on the device (decode masks).
+        seq_lens_tensor: [num_seqs] int64 on the device.
+        rows_tensor: [num_seqs] int64 on the device.
+        is_decode: every sequence adds exactly one token.
+        rows_index: ``rows`` as a slice when they are consecutive (cache views instead of gathers).
     """
 
     query_lens: list[int]
@@ -46,6 +53,9 @@ class AttentionMetadata:
     rows: list[int]
     slot_mapping: torch.Tensor
     seq_lens_tensor: torch.Tensor
+    rows_tensor: torch.Tensor
+    is_decode: bool
+    rows_index: slice | list[int]
     _masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -65,21 +75,22 @@ class AttentionMetadata:
             if not 0 < ql <= sl <= max_model_len:
                 raise ValueError(f"need 0 < query_len ({ql}) <= seq_len ({sl}) <= max_model_len ({max_model_len})")
             slots.extend(range(row * max_model_len + sl - ql, row * max_model_len + sl))
+        rows = list(rows)
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         return cls(
             query_lens=list(query_lens),
             seq_lens=list(seq_lens),
-            rows=list(rows),
+            rows=rows,
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+            rows_tensor=torch.tensor(rows, dtype=torch.int64, device=device),
+            is_decode=all(q == 1 for q in query_lens),
+            rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
         )
 
     @property
     def num_actual_tokens(self) -> int:
         return len(self.slot_mapping)
-
-    @property
-    def is_decode(self) -> bool:
-        return all(q == 1 for q in self.query_lens)
 
     def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
         """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
@@ -127,7 +138,22 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 
 
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
-    """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens."""
+    """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
+
+    Decode steps on CUDA take one Triton launch (cache write + attention); everything else runs the
+    torch path below, which is also the reference the Triton kernel is tested against.
+    """
+    if md.is_decode and HAS_TRITON and q.is_cuda:
+        triton_kernels.decode_attention(
+            q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
+            layer.scale, layer.sliding_window, layer.logits_soft_cap,
+        )
+        return
+    attention_torch(layer, md, q, k, v, out)
+
+
+def attention_torch(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
+    """The torch implementation of :func:`attention_impl` (any device, any step)."""
     n = md.num_actual_tokens
     heads, kv_heads, d = layer.num_heads, layer.num_kv_heads, layer.head_size
     group = heads // kv_heads
@@ -139,10 +165,9 @@ def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> N
 
     if md.is_decode:
         # One query per sequence: its `group` heads act as `group` query rows against one kv head.
-        b, max_len = n, max(md.seq_lens)
-        rows = slice(md.rows[0], md.rows[0] + b) if md.rows == list(range(md.rows[0], md.rows[0] + b)) else md.rows
-        keys = k_cache[rows, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_cache[rows, :max_len].transpose(1, 2)
+        max_len = max(md.seq_lens)
+        keys = k_cache[md.rows_index, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
+        values = v_cache[md.rows_index, :max_len].transpose(1, 2)
         mask = md.decode_mask(layer.sliding_window, q.device)
         out.copy_(_attend(q, keys, values, mask, layer.scale, layer.logits_soft_cap))
         return

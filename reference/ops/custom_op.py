@@ -12,14 +12,25 @@ constructor argument, so two models built with different settings in one process
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from typing import ClassVar
 
+import torch
 from torch import nn
 
 from reference.config import CompilationConfig
 
 _REGISTRY: dict[str, type["CustomOp"]] = {}
+
+# On CUDA the custom ops run Triton kernels when Triton is installed (it ships with CUDA builds of torch);
+# otherwise, and on CPU, they run their fused-in-one-function torch implementation.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def kernel_backend(device: "str | torch.device") -> str:
+    """Which implementation the custom ops use on ``device``: ``'triton'`` or ``'torch'``."""
+    return "triton" if HAS_TRITON and torch.device(device).type == "cuda" else "torch"
 
 
 def registered_custom_ops() -> frozenset[str]:

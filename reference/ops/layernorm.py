@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reference.ops.custom_op import CustomOp, CustomOpSelection
+from reference.ops.custom_op import HAS_TRITON, CustomOp, CustomOpSelection
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
@@ -46,6 +46,18 @@ def fused_add_rms_norm_op(
 @fused_add_rms_norm_op.register_fake
 def _(x, residual, weight, eps, weight_offset):
     return torch.empty_like(x), torch.empty_like(x)
+
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
+
+    @rms_norm_op.register_kernel("cuda")
+    def _(x, weight, eps, weight_offset):
+        return triton_kernels.rms_norm(x, weight, eps, weight_offset)
+
+    @fused_add_rms_norm_op.register_kernel("cuda")
+    def _(x, residual, weight, eps, weight_offset):
+        return triton_kernels.rms_norm(x, weight, eps, weight_offset, residual=residual)
 
 
 class RMSNorm(CustomOp):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.ops.custom_op import CustomOp, CustomOpSelection
+from reference.ops.custom_op import HAS_TRITON, CustomOp, CustomOpSelection
 
 
 def cos_sin_table(inv_freq: torch.Tensor, max_position: int, attention_scaling: float = 1.0) -> torch.Tensor:
@@ -48,6 +48,17 @@ def rotary_embedding_op(
 @rotary_embedding_op.register_fake
 def _(positions, q, k, cos_sin_cache, head_size):
     return torch.empty_like(q), torch.empty_like(k)
+
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
+
+    @rotary_embedding_op.register_kernel("cuda")
+    def _(positions, q, k, cos_sin_cache, head_size):
+        return (
+            triton_kernels.rotary(positions, q, cos_sin_cache, head_size),
+            triton_kernels.rotary(positions, k, cos_sin_cache, head_size),
+        )
 
 
 class RotaryEmbedding(CustomOp):

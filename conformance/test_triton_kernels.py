@@ -1,0 +1,109 @@
+"""The Triton kernels behind the custom ops agree with the torch implementations they replace.
+
+Tolerances: in fp32 both sides compute the same formula with different reduction orders, so they agree
+to a few fp32 ulps (rtol 1e-5). In bf16 the kernels keep fp32 intermediates where torch rounds to bf16
+after each op, so outputs may differ by one bf16 rounding step of the result (relative 2**-8 = 0.0039);
+we allow 0.008 relative (two steps), and for attention, whose inputs are summed over the context, an
+absolute 2e-2 on unit-scale outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference.ops.attention import AttentionMetadata, attention_torch
+from reference.ops.custom_op import HAS_TRITON
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed"),
+]
+
+DTYPES = {"fp32": (torch.float32, dict(rtol=1e-5, atol=1e-5)), "bf16": (torch.bfloat16, dict(rtol=8e-3, atol=8e-3))}
+
+
+@pytest.fixture(params=list(DTYPES), ids=list(DTYPES))
+def dtype_tol(request):
+    return DTYPES[request.param]
+
+
+def _tk():
+    from reference.ops import triton_kernels
+
+    return triton_kernels
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama_norm", "gemma_norm"])
+@pytest.mark.parametrize("hidden", [64, 4096, 5120 + 3])
+def test_rms_norm_kernel_matches_torch(dtype_tol, offset, hidden):
+    from reference.ops.layernorm import rms_norm_reference
+
+    dtype, tol = dtype_tol
+    x = torch.randn(13, hidden, device="cuda", dtype=dtype)
+    res = torch.randn(13, hidden, device="cuda", dtype=dtype)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    torch.testing.assert_close(_tk().rms_norm(x, w, 1e-6, offset), rms_norm_reference(x, w, 1e-6, offset), **tol)
+    out, res_out = _tk().rms_norm(x, w, 1e-6, offset, residual=res)
+    torch.testing.assert_close(res_out, x + res, rtol=0, atol=0)  # the add rounds exactly like torch
+    torch.testing.assert_close(out, rms_norm_reference(x + res, w, 1e-6, offset), **tol)
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu_tanh"])
+def test_gated_activation_kernel_matches_torch(dtype_tol, gelu):
+    dtype, tol = dtype_tol
+    x = torch.randn(7, 2 * 1400, device="cuda", dtype=dtype)
+    gate, up = x.chunk(2, -1)
+    act = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
+    torch.testing.assert_close(_tk().gated_activation(x, gelu), act * up, **tol)
+
+
+def test_rotary_kernel_matches_torch_on_strided_views(dtype_tol):
+    from reference.ops.rotary import cos_sin_table, rotate_reference
+
+    dtype, tol = dtype_tol
+    d, heads = 128, 32
+    cache = cos_sin_table(1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)), 4096).cuda()
+    qkv = torch.randn(9, (heads + 16) * d, device="cuda", dtype=dtype)
+    q = qkv[:, : heads * d]  # strided view, as the model passes it
+    positions = torch.randint(0, 4096, (9,), device="cuda")
+    torch.testing.assert_close(_tk().rotary(positions, q, cache, d), rotate_reference(positions, q, cache, d), **tol)
+
+
+@pytest.mark.parametrize(
+    "window,softcap", [(None, None), (7, None), (None, 30.0)], ids=["full", "sliding_window", "softcap"]
+)
+@pytest.mark.parametrize("group", [1, 4, 5])
+def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group):
+    """Cache write and attention, with padding rows, non-consecutive cache rows and ragged lengths."""
+
+    class Layer:
+        num_kv_heads, head_size = 2, 64
+        num_heads = 2 * group
+        scale = 64**-0.5
+        sliding_window, logits_soft_cap = window, softcap
+
+    dtype, _ = dtype_tol
+    layer = Layer()
+    rows, seq_lens, max_len = [3, 0, 5], [1, 37, 150], 160
+    cache = torch.randn(2, 6, max_len, 2, 64, device="cuda", dtype=dtype)
+    width = (layer.num_heads + 4) * 64
+    qkv = torch.randn(8, width, device="cuda", dtype=dtype)  # 3 real tokens + 5 padding rows
+    q, k, v = qkv.split([layer.num_heads * 64, 128, 128], dim=-1)
+    md = AttentionMetadata.build([1, 1, 1], seq_lens, rows, max_len, "cuda")
+    outs, caches = [], []
+    for path in ("triton", "torch"):
+        layer.kv_cache = cache.clone()
+        out = torch.full((8, layer.num_heads * 64), float("nan"), device="cuda", dtype=dtype)
+        if path == "triton":
+            _tk().decode_attention(q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
+                                   layer.scale, window, softcap)
+        else:
+            attention_torch(layer, md, q, k, v, out)
+        outs.append(out)
+        caches.append(layer.kv_cache)
+    torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
+    assert outs[0][3:].isnan().all(), "padding rows must not be written"
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[0][:3], outs[1][:3], rtol=0, atol=atol)

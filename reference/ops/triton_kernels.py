@@ -1,0 +1,226 @@
+"""Triton kernels behind the custom ops on CUDA: one launch where the native code takes several.
+
+Each kernel reproduces its op's native rounding points (transformers' order of casts) where that is cheap,
+so the custom and native paths differ only by reduction order and fp32-vs-bf16 intermediate rounding;
+the conformance suite bounds the difference. Importing this module needs Triton; the op modules import
+it only when it is available (see :func:`reference.ops.kernel_backend`).
+
+Kernels:
+* ``rms_norm`` / ``fused_add_rms_norm``: one program per token row (H <= 16384).
+* ``gated_activation``: SiLU- or GELU(tanh)-and-mul, one program per (row, block of I).
+* ``rotary``: neox RoPE of q and k in one launch, one program per token.
+* ``decode_attention``: for one new token per sequence, writes its key/value into the KV cache and
+  attends over the cached context, one program per (sequence, KV head) handling the KV head's whole
+  query group, with an online softmax over key blocks (Milakov & Gimelshein, "Online normalizer
+  calculation for softmax", 2018; the same recurrence as FlashAttention, Dao et al. 2022).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _launch_params(block: int) -> int:
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
+# ---------------------------------------------------------------------------------------------- RMSNorm
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    x_stride, res_stride, hidden, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, OFFSET_STYLE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # the add rounds to the activation dtype
+        tl.store(res_out_ptr + row * hidden + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if OFFSET_STYLE:  # Gemma: (1 + w) applied in fp32, one rounding at the end
+        y = x32 * rstd * (w + weight_offset)
+    else:  # Llama: normalise, round to the activation dtype, then multiply by w (rounds again)
+        y = (x32 * rstd).to(x.dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * hidden + cols, y.to(x.dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, residual=None):
+    """x, residual: [T, H] (last dim contiguous); weight [H]. Returns out [T, H] (and residual_out)."""
+    t, h = x.shape
+    block = triton.next_power_of_2(h)
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else out
+    res = residual if residual is not None else x
+    if t:
+        _rms_norm_kernel[(t,)](
+            x, res, weight, out, res_out, x.stride(0), res.stride(0), h, eps, weight_offset,
+            HAS_RESIDUAL=residual is not None, OFFSET_STYLE=weight_offset != 0.0, BLOCK=block,
+            num_warps=_launch_params(block),
+        )
+    return (out, res_out) if residual is not None else out
+
+
+# ------------------------------------------------------------------------------------ gated activation
+@triton.jit
+def _gated_kernel(x_ptr, out_ptr, x_stride, inter, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * x_stride + inter + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    if GELU:  # tanh approximation; tanh(y) = 2 * sigmoid(2y) - 1
+        y = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * y)))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    act = act.to(gate.dtype).to(tl.float32)  # the activation rounds before the product, as in torch
+    tl.store(out_ptr + row * inter + cols, (act * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def gated_activation(x: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """x: [T, 2I] -> [T, I]: act(x[:, :I]) * x[:, I:], act = SiLU or GELU(tanh)."""
+    t, two_i = x.shape
+    inter = two_i // 2
+    out = torch.empty((t, inter), dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    if t:
+        _gated_kernel[(t, triton.cdiv(inter, block))](x, out, x.stride(0), inter, GELU=gelu, BLOCK=block, num_warps=4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+@triton.jit
+def _rotary_kernel(
+    pos_ptr, x_ptr, out_ptr, cache_ptr, x_stride, heads, cache_stride,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cache_ptr + pos * cache_stride + d).to(x_ptr.dtype.element_ty).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + d).to(x_ptr.dtype.element_ty).to(tl.float32)
+    h = tl.arange(0, BLOCK_H)
+    offs = h[:, None] * (2 * HALF) + d[None, :]  # [BLOCK_H, HALF]
+    mask = h[:, None] < heads
+    x1 = tl.load(x_ptr + tok * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + tok * x_stride + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    out = out_ptr + tok * heads * 2 * HALF + offs
+    tl.store(out, (x1 * cos[None, :] - x2 * sin[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary(positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor, head_size: int) -> torch.Tensor:
+    """x: [T, heads * D] (last dim contiguous) rotated at positions [T]; cache [P, D] fp32 (cos | sin)."""
+    t, width = x.shape
+    heads = width // head_size
+    out = torch.empty((t, width), dtype=x.dtype, device=x.device)
+    if t:
+        _rotary_kernel[(t,)](
+            positions, x, out, cache, x.stride(0), heads, cache.stride(0),
+            HALF=head_size // 2, BLOCK_H=triton.next_power_of_2(heads), num_warps=4,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------- decode attention
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, cache_ptr, rows_ptr, seq_lens_ptr, out_ptr,
+    q_stride, k_stride, v_stride, out_stride,
+    c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
+    scale, softcap, window,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    row = tl.load(rows_ptr + seq).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int64)
+    d = tl.arange(0, D)
+    k_cache = cache_ptr + row * c_row + kvh * c_head
+    v_cache = k_cache + c_kv
+
+    # 1. append this step's key and value at position seq_len - 1
+    new_k = tl.load(k_ptr + seq * k_stride + kvh * D + d)
+    new_v = tl.load(v_ptr + seq * v_stride + kvh * D + d)
+    tl.store(k_cache + (seq_len - 1) * c_pos + d, new_k)
+    tl.store(v_cache + (seq_len - 1) * c_pos + d, new_v)
+    tl.debug_barrier()  # make the stores visible to the whole program before reading the cache
+
+    # 2. attend: the GROUP query heads of this KV head are the rows of one tile
+    g = tl.arange(0, GROUP_PAD)
+    q = tl.load(q_ptr + seq * q_stride + (kvh * GROUP + g[:, None]) * D + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    start = 0
+    if WINDOW:
+        start = tl.maximum(seq_len - window, 0)
+    for n0 in range(start, seq_len, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        valid = n < seq_len
+        k = tl.load(k_cache + n[:, None] * c_pos + d[None, :], mask=valid[:, None], other=0.0)
+        if IEEE:  # fp32 inputs: exact fp32 products instead of tf32
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [GROUP_PAD, BLOCK_N]
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
+        if SOFTCAP:
+            s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(v_cache + n[:, None] * c_pos + d[None, :], mask=valid[:, None], other=0.0)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + seq * out_stride + (kvh * GROUP + g[:, None]) * D + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=g[:, None] < GROUP,
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> None:
+    """One decode token per sequence: write k, v into the cache, attention into ``out``.
+
+    q, out: [>= B, Hq * D]; k, v: [>= B, Hkv * D] (rows may be strided views; last dim contiguous);
+    kv_cache: [2, R, L, Hkv, D]; rows, seq_lens: [B] int64 (length after this step). Only the first B
+    rows of q/k/v/out are used (the rest is CUDA-graph padding).
+    """
+    b = rows.shape[0]
+    _, _, _, kv_heads, d = kv_cache.shape
+    group = q.shape[1] // (kv_heads * d)
+    _decode_attention_kernel[(b, kv_heads)](
+        q, k, v, kv_cache, rows, seq_lens, out,
+        q.stride(0), k.stride(0), v.stride(0), out.stride(0),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        scale, softcap or 0.0, sliding_window or 0,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64,
+        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
+        num_warps=4,
+    )
