@@ -3,22 +3,25 @@
 ``torch.compile(fn, backend=PiecewiseBackend(config))`` hands us Dynamo's FX graph once. At level 3 we
 split it at ``config.splitting_ops`` (:mod:`.split`), compile every other piece for the symbolic token
 count (:mod:`.compile_piece`) and, with ``cudagraph_mode='piecewise'`` on CUDA, wrap each compiled piece
-in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces are left as they are and run eagerly. At
-levels 1 and 2 the whole graph is compiled as one piece, without CUDA graphs.
+in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces run eagerly, calling the op's registered
+Python function directly when it has one. At levels 1 and 2 the whole graph is compiled as one piece,
+without CUDA graphs.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from typing import Callable
 
 import torch
 
 from reference.compilation.compile_piece import compile_piece, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
-from reference.compilation.split import Piece, split_graph
+from reference.compilation.split import Piece, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
+from reference.ops.custom_op import direct_call
 
 
 def _check_ops_exist(names: tuple[str, ...]) -> None:
@@ -34,6 +37,29 @@ def _check_ops_exist(names: tuple[str, ...]) -> None:
 def _size_args(piece: Piece) -> tuple[int, ...]:
     """Indices of the piece's SymInt arguments (token counts); empty for a piece with static shapes."""
     return tuple(i for i, v in enumerate(example_inputs(piece.module)) if isinstance(v, torch.SymInt))
+
+
+def _direct_splitting_call(piece: Piece) -> Callable | None:
+    """Call a splitting-op piece's registered Python function directly, skipping the dispatcher.
+
+    Returns None (keep the piece as it is) unless the piece is one call of an op with a registered
+    direct function, with positional arguments only and no outputs (ops that write into buffers).
+    """
+    nodes = list(piece.module.graph.nodes)
+    calls = [n for n in nodes if n.op == "call_function"]
+    if len(calls) != 1 or calls[0].kwargs or nodes[-1].args[0] not in ((), None):
+        return None
+    fn = direct_call(op_name(calls[0].target))
+    if fn is None:
+        return None
+    index = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+    spec = [(a in index, index[a] if a in index else a) for a in calls[0].args]
+
+    def call(*args):
+        fn(*[args[v] if is_arg else v for is_arg, v in spec])
+        return ()
+
+    return call
 
 
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
@@ -72,6 +98,9 @@ class PiecewiseBackend:
         use_graphs = self._use_cuda_graphs(gm)
         for piece in pieces:
             if piece.is_splitting_op:
+                direct = _direct_splitting_call(piece)
+                if direct is not None:
+                    split.__dict__[piece.name] = direct
                 continue
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
             runnable = compile_piece(piece.module, self.config)

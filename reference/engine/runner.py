@@ -17,6 +17,7 @@ import bisect
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from reference.compilation import compile_model
 from reference.config import CompilationConfig
 from reference.forward_context import ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
+from reference.ops.attention import int_lists_to_device
 
 
 @dataclass
@@ -125,8 +127,9 @@ class ModelRunner:
         seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
         positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]
         metadata = AttentionMetadata.build(query_lens, seq_lens, rows, self.max_model_len, self.device)
-        self.input_ids[:n].copy_(torch.tensor(ids), non_blocking=True)
-        self.positions[:n].copy_(torch.tensor(positions), non_blocking=True)
+        staged_ids, staged_positions = int_lists_to_device([ids, positions], self.device)
+        self.input_ids[:n].copy_(staged_ids)
+        self.positions[:n].copy_(staged_positions)
         size = self.padded_size(n)
         with set_forward_context(ForwardContext(metadata, self.attention_layers)):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
@@ -134,12 +137,18 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ start-up
     @torch.inference_mode()
-    def warm_up(self) -> StartupStats:
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> StartupStats:
         """Compile (first call) and capture every capture size, largest first; returns the costs.
 
         Capturing the largest size first lets smaller sizes reuse its pool memory.
+
+        Args:
+            progress: called with the name of each stage as it starts: ``'compile'``, then
+                ``'capture <size>'`` per capture size (for progress bars).
         """
+        report = progress or (lambda stage: None)
         first = max(self.capture_sizes, default=min(self.max_num_tokens, max(2, self.max_num_seqs)))
+        report("compile")
         start = time.perf_counter()
         self._dummy_step(max(first, 2))
         self._sync()
@@ -148,6 +157,7 @@ class ModelRunner:
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
             for size in sorted(self.capture_sizes, reverse=True):
+                report(f"capture {size}")
                 for _ in range(self.config.cudagraph_num_of_warmups + 1):
                     self._dummy_step(size)
             self._sync()

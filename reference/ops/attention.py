@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.forward_context import get_forward_context
-from reference.ops.custom_op import HAS_TRITON
+from reference.ops.custom_op import HAS_TRITON, register_direct_call
 
 if HAS_TRITON:
     from reference.ops import triton_kernels
@@ -64,26 +64,30 @@ class AttentionMetadata:
     ) -> "AttentionMetadata":
         """Metadata for sequences that each append ``query_lens[i]`` tokens ending at ``seq_lens[i]``.
 
+        The device tensors are filled by one asynchronous host-to-device copy (see
+        :func:`int_lists_to_device`), so building metadata never waits for the GPU.
+
         Raises:
             ValueError: lists of different lengths, a query longer than its sequence, or a sequence
                 longer than ``max_model_len``.
         """
-        if not (len(query_lens) == len(seq_lens) == len(rows)):
-            raise ValueError("query_lens, seq_lens and rows must have one entry per sequence")
+        if not (len(query_lens) == len(seq_lens) == len(rows)) or not rows:
+            raise ValueError("query_lens, seq_lens and rows must have one entry per sequence (at least one)")
         slots = []
         for ql, sl, row in zip(query_lens, seq_lens, rows):
             if not 0 < ql <= sl <= max_model_len:
                 raise ValueError(f"need 0 < query_len ({ql}) <= seq_len ({sl}) <= max_model_len ({max_model_len})")
             slots.extend(range(row * max_model_len + sl - ql, row * max_model_len + sl))
         rows = list(rows)
+        slot_mapping, seq_lens_tensor, rows_tensor = int_lists_to_device([slots, seq_lens, rows], device)
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
         return cls(
             query_lens=list(query_lens),
             seq_lens=list(seq_lens),
             rows=rows,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-            rows_tensor=torch.tensor(rows, dtype=torch.int64, device=device),
+            slot_mapping=slot_mapping,
+            seq_lens_tensor=seq_lens_tensor,
+            rows_tensor=rows_tensor,
             is_decode=all(q == 1 for q in query_lens),
             rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
         )
@@ -111,6 +115,19 @@ class AttentionMetadata:
                 mask = mask[:, None, None, :]
             self._masks[key] = mask
         return self._masks[key]
+
+
+def int_lists_to_device(lists: list[list[int]], device) -> list[torch.Tensor]:
+    """int64 device tensors for ``lists`` via one pinned host buffer and one non-blocking copy.
+
+    A plain ``torch.tensor(..., device='cuda')`` copies from pageable memory and waits for the GPU to
+    drain; per step that would serialise the host with the device several times.
+    """
+    device = torch.device(device)
+    flat = [x for values in lists for x in values]
+    host = torch.tensor(flat, dtype=torch.int64, pin_memory=device.type == "cuda")
+    staged = host.to(device, non_blocking=True)
+    return list(staged.split([len(values) for values in lists]))
 
 
 def _causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device) -> torch.Tensor:
@@ -184,11 +201,16 @@ def attention_torch(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> 
         start += ql
 
 
-@torch.library.custom_op("reference::attention", mutates_args=("out",))
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
-    """Opaque attention of layer ``layer_name``. q, out: [T, Hq*D]; k, v: [T, Hkv*D]. Mutates ``out``."""
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
+    """Attention of layer ``layer_name``. q, out: [T, Hq*D]; k, v: [T, Hkv*D]. Mutates ``out``."""
     ctx = get_forward_context()
     attention_impl(ctx.attention_layers[layer_name], ctx.attn_metadata, q, k, v, out)
+
+
+attention_op = torch.library.custom_op("reference::attention", mutates_args=("out",))(attention_forward)
+# Between CUDA graphs the split module may call the Python function itself: same code, minus the
+# dispatcher's per-call cost (measured on the H200 in perf/NOTES.md).
+register_direct_call("reference::attention", attention_forward)
 
 
 @attention_op.register_fake

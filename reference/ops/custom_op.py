@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import Counter
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -26,6 +26,23 @@ _REGISTRY: dict[str, type["CustomOp"]] = {}
 # On CUDA the custom ops run Triton kernels when Triton is installed (it ships with CUDA builds of torch);
 # otherwise, and on CPU, they run their fused-in-one-function torch implementation.
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+_DIRECT_CALLS: dict[str, Callable] = {}
+
+
+def register_direct_call(qualname: str, fn: Callable) -> None:
+    """Declare ``fn`` (same signature and effect as op ``qualname``) safe to call without the dispatcher.
+
+    The piecewise backend uses it for splitting ops, which run eagerly between CUDA graphs where the
+    dispatcher's Python-op overhead is paid on every call of every layer.
+    """
+    _DIRECT_CALLS[qualname] = fn
+
+
+def direct_call(qualname: str) -> Callable | None:
+    """The function registered for op ``qualname`` with :func:`register_direct_call`, if any."""
+    return _DIRECT_CALLS.get(qualname)
 
 
 def kernel_backend(device: "str | torch.device") -> str:
