@@ -112,8 +112,8 @@ class ModelRunner:
                 ``max_model_len``.
         """
         hidden = self.forward(new_tokens, context_lens, rows)
-        last = torch.tensor(list(itertools.accumulate(map(len, new_tokens))), device=self.device) - 1
-        return self.model.compute_logits(hidden[last])
+        (ends,) = int_lists_to_device([list(itertools.accumulate(map(len, new_tokens)))], self.device)
+        return self.model.compute_logits(hidden[ends - 1])
 
     @torch.inference_mode()
     def forward(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
