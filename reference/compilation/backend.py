@@ -80,6 +80,9 @@ class PiecewiseBackend:
     def __init__(self, config: CompilationConfig):
         if config.level == 0:
             raise ConfigError("level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3")
+        if config.level == 3:
+            # checked here, not at trace time, where Dynamo would wrap the ConfigError in BackendCompilerFailed
+            _check_ops_exist(config.splitting_ops)
         self.config = config
         self.pieces: list[Piece] = []
         self.split_module: torch.fx.GraphModule | None = None
@@ -89,10 +92,15 @@ class PiecewiseBackend:
         self._capture_stream = None
 
     def __call__(self, gm: torch.fx.GraphModule, _example_inputs) -> torch.fx.GraphModule:
+        if self.split_module is not None and self.config.level >= 2:
+            raise RuntimeError(
+                "this model was traced a second time, but levels 2 and 3 trace once (the token dimension is "
+                "marked dynamic only on the first call); this happens after torch._dynamo.reset() - build a "
+                "new compiled model (compile_model / ModelRunner) after resetting Dynamo"
+            )
         start = time.perf_counter()
         compilation_counter.num_graphs_seen += 1
         splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
-        _check_ops_exist(splitting_ops)
         split, pieces = split_graph(gm, splitting_ops)
         compilation_counter.num_piecewise_graphs_seen += len(pieces)
         use_graphs = self._use_cuda_graphs(gm)
