@@ -71,8 +71,9 @@ class RotaryEmbedding(CustomOp):
         inv_freq: [D/2] frequencies, e.g. from ``transformers.modeling_rope_utils``.
         attention_scaling: multiplies cos and sin (1.0 except for some scaled rope types).
 
-    The table is a buffer computed in fp32; casting the model casts it once, which rounds exactly as
-    transformers' per-call ``cos.to(dtype)`` does.
+    The table is a buffer computed and kept in fp32 (build the model under the target dtype rather than
+    casting it afterwards, as ``registry.build_model`` does); each call casts the rows it reads to the
+    activation dtype, which rounds exactly as transformers' per-call ``cos.to(dtype)`` does.
     """
 
     name = "rotary_embedding"
