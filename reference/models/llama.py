@@ -14,7 +14,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from reference.ops import Attention, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
+from reference.ops import Attention, CustomOp, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
 
 # our fused parameter -> the transformers parameters stacked into it, in order (along dim 0)
 STACKED_PARAMS = {
@@ -39,33 +39,60 @@ class LlamaAttention(nn.Module):
     """qkv projection, RoPE, attention, output projection. ``forward(positions [T], x [T, H]) -> [T, H]``.
 
     Args:
+        config: the model config (heads, head_dim, attention_bias).
+        ops: custom-op selection (used by subclasses that add normalisation layers).
+        rotary: this layer's RoPE.
+        prefix: the module path, e.g. ``model.layers.0.self_attn``; names the attention layer.
         attention_cls: the attention layer; :class:`~reference.ops.Attention` (KV cache) by default.
+        scale: multiplies q k^T; default ``head_dim ** -0.5``.
+        sliding_window: if set, each query sees only the last ``sliding_window`` keys (itself included).
     """
 
-    def __init__(self, config: LlamaConfig, rotary: RotaryEmbedding, prefix: str, attention_cls=Attention):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        ops: CustomOpSelection,
+        rotary: RotaryEmbedding,
+        prefix: str,
+        attention_cls=Attention,
+        *,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+    ):
         super().__init__()
         heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
-        self.q_size, self.kv_size = heads * d, kv_heads * d
+        self.head_size, self.q_size, self.kv_size = d, heads * d, kv_heads * d
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
         self.rotary_emb = rotary
-        self.attn = attention_cls(heads, kv_heads, d, d**-0.5, layer_name=f"{prefix}.attn")
+        scale = d**-0.5 if scale is None else scale
+        self.attn = attention_cls(heads, kv_heads, d, scale, layer_name=f"{prefix}.attn", sliding_window=sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.norm_qk(q, k)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalisation of q [T, Hq*D] and k [T, Hkv*D] before RoPE: none in Llama (Qwen3 adds one)."""
+        return q, k
+
 
 class LlamaMLP(nn.Module):
-    """SwiGLU MLP. ``forward(x [T, H]) -> [T, H]``."""
+    """Gated MLP, SwiGLU by default. ``forward(x [T, H]) -> [T, H]``.
 
-    def __init__(self, config: LlamaConfig, ops: CustomOpSelection):
+    Args:
+        act_cls: the gated activation layer; :class:`~reference.ops.SiluAndMul` (Llama, Qwen) by default,
+            :class:`~reference.ops.GeluTanhAndMul` for Gemma.
+    """
+
+    def __init__(self, config: LlamaConfig, ops: CustomOpSelection, act_cls: type[CustomOp] = SiluAndMul):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act_fn = SiluAndMul(ops)
+        self.act_fn = act_cls(ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -78,10 +105,12 @@ class LlamaDecoderLayer(nn.Module):
     un-added MLP output and the running residual.
     """
 
+    self_attn_cls: type[LlamaAttention] = LlamaAttention  # Qwen3 swaps in q/k-normalised attention
+
     def __init__(self, config, ops: CustomOpSelection, rotary: RotaryEmbedding, prefix: str, attention_cls=Attention):
         super().__init__()
         self.input_layernorm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, rotary, f"{prefix}.self_attn", attention_cls)
+        self.self_attn = self.self_attn_cls(config, ops, rotary, f"{prefix}.self_attn", attention_cls)
         self.post_attention_layernorm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config, ops)
 
@@ -98,12 +127,14 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers, final norm. ``forward(input_ids [T], positions [T]) -> [T, H]``."""
 
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         rotary = llama_rotary(config, ops)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops, rotary, f"model.layers.{i}", attention_cls)
+            self.layer_cls(config, ops, rotary, f"model.layers.{i}", attention_cls)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
@@ -130,11 +161,12 @@ class LlamaForCausalLM(nn.Module):
     """
 
     stacked_params = STACKED_PARAMS
+    model_cls: type[nn.Module] = LlamaModel  # the decoder stack; subclasses for other families swap it
 
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops, attention_cls)
+        self.model = self.model_cls(config, ops, attention_cls)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -1,0 +1,200 @@
+"""Gemma 3 text decoder (``model_type='gemma3_text'``), built from a transformers ``Gemma3TextConfig``.
+
+Same computation as transformers' ``Gemma3ForCausalLM`` (the oracle). What differs from Llama:
+
+* RMSNorm scales by ``1 + weight``, in fp32 (``RMSNorm(weight_offset=1)``), and there are four norms per
+  layer: the attention and MLP outputs are normalised again (``post_attention_layernorm``,
+  ``post_feedforward_layernorm``) *before* they join the residual stream.
+* q and k are RMS-normalised per head before RoPE (Qwen3's :class:`~reference.models.qwen3.Qwen3Attention`
+  with the Gemma offset), and attention scores are scaled by ``query_pre_attn_scalar ** -0.5``.
+* Layers are local (``'sliding_attention'``: a query sees the last ``sliding_window`` keys, itself included)
+  or global (``'full_attention'``), per ``config.layer_types``; each kind has its own RoPE (local: plain
+  RoPE with base ``rope_local_base_freq``; global: ``rope_theta`` with the config's scaling, e.g. linear
+  x8 in Gemma 3 4B). Frequencies come from transformers' ``Gemma3RotaryEmbedding``.
+* Token embeddings are multiplied by ``sqrt(hidden_size)``, rounded to the activation dtype first (as
+  transformers does), and the MLP is GELU(tanh)-gated.
+* Logits may be soft-capped: ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set.
+
+Gemma 3 has no attention-logit soft-capping: transformers' Gemma 3 ignores ``attn_logit_softcapping``, so a
+config that sets it is rejected rather than run with a meaning the checkpoint never had.
+Reference: Gemma Team, "Gemma 3 Technical Report", 2025.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import Gemma3TextConfig
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+from reference.models.llama import LlamaForCausalLM, LlamaMLP, head_dim
+from reference.models.qwen3 import Qwen3Attention
+from reference.ops import Attention, CustomOpSelection, GeluTanhAndMul, RMSNorm, RotaryEmbedding
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+GEMMA_NORM_OFFSET = 1.0  # Gemma's RMSNorm multiplies by (1 + weight)
+
+
+def gemma3_rotary(config: Gemma3TextConfig, ops: CustomOpSelection) -> dict[str, RotaryEmbedding]:
+    """One RoPE per layer type in ``config.layer_types``, with transformers' frequencies and scaling.
+
+    Raises:
+        RuntimeError: the installed transformers' ``Gemma3RotaryEmbedding`` does not keep per-layer-type
+            frequencies (``<layer_type>_inv_freq``), as transformers 5.x does.
+    """
+    hf_rope = Gemma3RotaryEmbedding(config)
+    tables = {}
+    for layer_type in sorted(set(config.layer_types)):
+        inv_freq = getattr(hf_rope, f"{layer_type}_inv_freq", None)
+        if inv_freq is None:
+            raise RuntimeError(
+                f"transformers' Gemma3RotaryEmbedding has no '{layer_type}_inv_freq'; this code reads the "
+                "per-layer-type RoPE of transformers 5.x"
+            )
+        scaling = getattr(hf_rope, f"{layer_type}_attention_scaling")
+        tables[layer_type] = RotaryEmbedding(ops, head_dim(config), config.max_position_embeddings, inv_freq, scaling)
+    return tables
+
+
+class Gemma3DecoderLayer(nn.Module):
+    """Gemma 3 block: pre- and post-norms around attention and around the MLP.
+
+    ``forward(positions [T], hidden [T, H], residual [T, H] | None) -> (hidden, residual)``.
+
+    transformers computes ``x = x + post_attn_norm(attn(input_norm(x)))`` and then
+    ``x = x + post_ff_norm(mlp(pre_ff_norm(x)))``. Here the residual stream is carried as
+    ``hidden + residual`` with the add deferred: each residual add is fused into the norm that reads its
+    sum (``input_layernorm``, ``pre_feedforward_layernorm``, or the next layer's / the final norm),
+    while the post-norms stay plain norms of the sublayer output. Same additions, same order.
+
+    Args:
+        sliding_window: this layer's window (a local layer) or None (a global layer).
+    """
+
+    def __init__(
+        self,
+        config: Gemma3TextConfig,
+        ops: CustomOpSelection,
+        rotary: RotaryEmbedding,
+        prefix: str,
+        attention_cls=Attention,
+        *,
+        sliding_window: int | None,
+    ):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
+        self.self_attn = Qwen3Attention(
+            config,
+            ops,
+            rotary,
+            f"{prefix}.self_attn",
+            attention_cls,
+            norm_offset=GEMMA_NORM_OFFSET,
+            scale=config.query_pre_attn_scalar**-0.5,
+            sliding_window=sliding_window,
+        )
+        self.post_attention_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
+        self.pre_feedforward_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
+        self.mlp = LlamaMLP(config, ops, GeluTanhAndMul)
+        self.post_feedforward_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, positions, hidden, residual):
+        # on entry the residual stream is hidden + residual (hidden alone before the first layer)
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden))
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)  # residual += attention branch
+        hidden = self.post_feedforward_layernorm(self.mlp(hidden))
+        return hidden, residual  # the MLP branch joins the stream in the next norm
+
+
+class Gemma3Model(nn.Module):
+    """Scaled embedding, decoder layers, final norm. ``forward(input_ids [T], positions [T]) -> [T, H]``."""
+
+    def __init__(self, config: Gemma3TextConfig, ops: CustomOpSelection, attention_cls=Attention):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # fp32 here; transformers rounds it to the activation dtype before multiplying, so do we (forward)
+        self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
+        rotary = gemma3_rotary(config, ops)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(
+                config,
+                ops,
+                rotary[layer_type],
+                f"model.layers.{i}",
+                attention_cls,
+                sliding_window=config.sliding_window if layer_type == "sliding_attention" else None,
+            )
+            for i, layer_type in enumerate(config.layer_types)
+        )
+        self.norm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [T, H]
+        hidden, residual = hidden * self.embed_scale.to(hidden.dtype), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3 text decoder with its LM head (tied to the embedding when ``config.tie_word_embeddings``).
+
+    ``forward(input_ids [T] int64, positions [T] int64) -> hidden [T, H]`` (model dtype);
+    ``compute_logits(hidden [N, H]) -> [N, vocab]`` float32, soft-capped in the model dtype first when
+    ``config.final_logit_softcapping`` is set (as transformers does). Parameter names are transformers',
+    except the fused ``qkv_proj`` and ``gate_up_proj`` (``stacked_params``, inherited from Llama).
+
+    Args:
+        config: a transformers ``Gemma3TextConfig`` (the ``text_config`` of a multimodal Gemma 3 config).
+        ops: custom-op selection.
+        attention_cls: the attention layer class (default: the KV-cache :class:`~reference.ops.Attention`).
+
+    Raises:
+        ValueError: a config field this decoder cannot honour; the message names the field and the
+            allowed values.
+    """
+
+    model_cls = Gemma3Model
+
+    def __init__(self, config: Gemma3TextConfig, ops: CustomOpSelection, attention_cls=Attention):
+        check_config(config)
+        super().__init__(config, ops, attention_cls)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)  # [N, V], model dtype
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+
+def check_config(config: Gemma3TextConfig) -> None:
+    """Reject ``Gemma3TextConfig`` settings that :class:`Gemma3ForCausalLM` does not implement.
+
+    Raises:
+        ValueError: naming the field and the allowed values.
+    """
+    if config.hidden_activation != "gelu_pytorch_tanh":
+        raise ValueError(f"hidden_activation: expected 'gelu_pytorch_tanh', got {config.hidden_activation!r}")
+    if config.attn_logit_softcapping is not None:
+        raise ValueError(
+            "attn_logit_softcapping: expected None; Gemma 3 does not soft-cap attention logits "
+            f"(transformers' Gemma 3 ignores the field), got {config.attn_logit_softcapping!r}"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError("use_bidirectional_attention: expected False (a causal decoder), got True")
+    types = list(config.layer_types)
+    if len(types) != config.num_hidden_layers or not set(types) <= set(LAYER_TYPES):
+        raise ValueError(
+            f"layer_types: expected {config.num_hidden_layers} entries (num_hidden_layers), each one of "
+            f"{list(LAYER_TYPES)}, got {types}"
+        )
+    window = config.sliding_window
+    if "sliding_attention" in types and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window: expected an int >= 1 for 'sliding_attention' layers, got {window!r}")
