@@ -108,8 +108,8 @@ class ModelRunner:
             [num_seqs, vocab] float32.
 
         Raises:
-            ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, or a sequence past
-                ``max_model_len``.
+            ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, a sequence past
+                ``max_model_len``, or rows that repeat or lie outside ``0..max_num_seqs - 1``.
         """
         hidden = self.forward(new_tokens, context_lens, rows)
         (ends,) = int_lists_to_device([list(itertools.accumulate(map(len, new_tokens)))], self.device)
@@ -123,6 +123,11 @@ class ModelRunner:
         n = len(ids)
         if not 0 < n <= self.max_num_tokens:
             raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
+        if len(set(rows)) != len(rows) or not all(0 <= r < self.max_num_seqs for r in rows):
+            # checked here: a bad row would index past the KV cache (a device-side assert on CUDA)
+            raise ValueError(
+                f"rows: expected distinct KV-cache rows in 0..{self.max_num_seqs - 1} (max_num_seqs), got {rows}"
+            )
         query_lens = [len(seq) for seq in new_tokens]
         seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
         positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]

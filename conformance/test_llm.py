@@ -1,0 +1,296 @@
+"""The offline LLM: static batching (ragged prefill, chunked prefill, waves), stopping rules, sampling,
+text prompts, and clear errors. CPU, small models; the greedy oracle is transformers' model recomputing
+the whole sequence for every token, on the same weights."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference.baselines import build_hf_model
+from reference.bench_latency import MODES
+from reference.config import ConfigError
+from reference.engine.llm import LLM
+from reference.engine.sampling import SamplingParams
+
+TINY_CHECKPOINT = Path(__file__).parents[1] / "fixtures" / "tiny-llama"
+ENGINE_MODES = ("eager", "no_inductor")  # Inductor compiles cost seconds on CPU: inductor runs in the GPU tests
+# Our fused layers and transformers' agree to ~1e-5 in float32 (test_llama_oracle). Where the oracle's two
+# best logits are closer than this, rounding may pick either, so a divergence there is not a bug.
+NEAR_TIE = 1e-3
+
+
+def make_llm(model: str, mode: str, device: str = "cpu", **kwargs) -> LLM:
+    return LLM(model, device=device, use_tqdm=False, **MODES[mode], **kwargs)
+
+
+def greedy(max_tokens: int, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kwargs)
+
+
+def ragged_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 7, 3, 12, 5, 2, 9][:n]
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for length in lengths]
+
+
+def transformers_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """n greedy tokens, each from a full forward over prompt + tokens so far (no KV cache), and the gap
+    between the two best logits at each step."""
+    ids, gaps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = hf(torch.tensor([ids], device=hf.device), use_cache=False).logits[0, -1].float()
+            top = logits.topk(2).values
+            gaps.append((top[0] - top[1]).item())
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :], gaps
+
+
+def assert_matches_oracle(llm: LLM, prompts, outputs, max_tokens: int) -> None:
+    hf = build_hf_model(llm.model_name, llm.model)
+    for prompt, out in zip(prompts, outputs):
+        expected, gaps = transformers_greedy(hf, prompt, max_tokens)
+        got = out.outputs[0].token_ids
+        first_diff = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+        if first_diff is not None:
+            assert gaps[first_diff] < NEAR_TIE, (
+                f"prompt {prompt}: token {first_diff} is {got[first_diff]}, oracle says {expected[first_diff]} "
+                f"with a clear margin {gaps[first_diff]:.2e}; got {got}, expected {expected}"
+            )
+
+
+# ---------------------------------------------------------------------- batching and lengths
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+@pytest.mark.parametrize("model", ["toy-llama", "llama-tiny"])
+def test_each_prompt_gets_exactly_max_tokens_in_prompt_order(model, mode):
+    llm = make_llm(model, mode)
+    prompts = ragged_prompts(4, llm.vocab_size)
+    params = [greedy(m, ignore_eos=True) for m in (1, 4, 2, 6)]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == prompts
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 4, 2, 6]
+    assert {o.outputs[0].finish_reason for o in outputs} == {"length"}
+    assert len({o.request_id for o in outputs}) == 4
+    assert all(0 <= t < llm.vocab_size for o in outputs for t in o.outputs[0].token_ids)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param(dict(mode="eager"), id="eager-one-wave"),
+        pytest.param(dict(mode="no_inductor"), id="no_inductor-one-wave"),
+        pytest.param(dict(mode="eager", max_num_seqs=2), id="eager-waves-of-2"),
+        pytest.param(dict(mode="eager", max_num_seqs=4, max_num_batched_tokens=5), id="eager-chunked-prefill"),
+    ],
+)
+def test_greedy_generate_equals_token_by_token_recompute(engine):
+    engine = dict(engine)
+    llm = make_llm("llama-tiny", engine.pop("mode"), **engine)
+    prompts = ragged_prompts(5, llm.vocab_size, seed=1)
+    outputs = llm.generate(prompts, greedy(6, ignore_eos=True), use_tqdm=False)
+    assert_matches_oracle(llm, prompts, outputs, 6)
+
+
+def test_more_prompts_than_max_num_seqs_run_in_waves_within_the_cache_rows():
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
+    steps = []
+    step = llm.runner.step
+
+    def spy(new_tokens, context_lens, rows):
+        steps.append((len(new_tokens), list(rows)))
+        return step(new_tokens, context_lens, rows)
+
+    llm.runner.step = spy
+    outputs = llm.generate(ragged_prompts(5, llm.vocab_size), greedy(3, ignore_eos=True), use_tqdm=False)
+    assert len(outputs) == 5
+    # 3 waves (2 + 2 + 1 prompts), each one prefill step and 2 decode steps
+    assert [n for n, _ in steps] == [2, 2, 2, 2, 2, 2, 1, 1, 1]
+    assert all(set(rows) <= {0, 1} for _, rows in steps)
+
+
+def test_a_prefill_over_max_num_batched_tokens_is_split_into_steps_of_at_most_that_many():
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=5)
+    sizes = []
+    step = llm.runner.step
+
+    def spy(new_tokens, context_lens, rows):
+        sizes.append(sum(map(len, new_tokens)))
+        return step(new_tokens, context_lens, rows)
+
+    llm.runner.step = spy
+    prompts = ragged_prompts(4, llm.vocab_size)  # 1 + 7 + 3 + 12 = 23 prompt tokens
+    llm.generate(prompts, greedy(2, ignore_eos=True), use_tqdm=False)
+    prefill, decode = sizes[:-1], sizes[-1:]
+    assert prefill == [5, 5, 5, 5, 3]
+    assert decode == [4]
+
+
+# ---------------------------------------------------------------------- stopping
+def _first_tokens(llm: LLM, prompt: list[int], n: int) -> list[int]:
+    return llm.generate([prompt], greedy(n, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_stop_token_ends_the_sequence_and_is_reported():
+    llm = make_llm("llama-tiny", "eager")
+    prompt = ragged_prompts(2, llm.vocab_size)[1]
+    free = _first_tokens(llm, prompt, 8)
+    stop = free[3]
+    out = llm.generate([prompt], greedy(8, stop_token_ids=[stop]), use_tqdm=False)[0].outputs[0]
+    end = free.index(stop) + 1
+    assert out.token_ids == free[:end]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+
+
+def test_eos_ends_the_sequence_unless_ignore_eos():
+    llm = make_llm("llama-tiny", "eager")
+    prompt = ragged_prompts(2, llm.vocab_size)[1]
+    free = _first_tokens(llm, prompt, 8)
+    llm.eos_token_ids = frozenset({free[2]})  # pretend the model's EOS is the third token it generates
+    stopped = llm.generate([prompt], greedy(8), use_tqdm=False)[0].outputs[0]
+    assert stopped.token_ids == free[: free.index(free[2]) + 1]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", None)
+    ignored = llm.generate([prompt], greedy(8, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert (ignored.token_ids, ignored.finish_reason) == (free, "length")
+
+
+def test_min_tokens_keeps_stop_tokens_from_being_sampled_early():
+    llm = make_llm("llama-tiny", "eager")
+    prompt = ragged_prompts(2, llm.vocab_size)[1]
+    stop = _first_tokens(llm, prompt, 1)[0]
+    out = llm.generate([prompt], greedy(8, stop_token_ids=[stop], min_tokens=4), use_tqdm=False)[0].outputs[0]
+    assert stop not in out.token_ids[:4]
+    assert len(out.token_ids) >= 4
+
+
+# ---------------------------------------------------------------------- sampling and text
+def test_seeded_sampling_repeats_and_different_seeds_differ():
+    llm = make_llm("llama-tiny", "eager")
+    prompts = ragged_prompts(3, llm.vocab_size)
+
+    def run(seed):
+        params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, ignore_eos=True, seed=seed)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_unseeded_sampling_repeats_for_an_llm_with_the_same_seed():
+    params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        llm = make_llm("llama-tiny", "eager", seed=5)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(ragged_prompts(3, 256), params, use_tqdm=False)])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not (TINY_CHECKPOINT / "tokenizer.json").exists(), reason="fixtures/tiny-llama not built")
+def test_text_prompts_are_tokenized_and_outputs_detokenized():
+    llm = LLM(str(TINY_CHECKPOINT), enforce_eager=True, device="cpu", use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    out = llm.generate(["the cat sat on the mat"], greedy(5, ignore_eos=True), use_tqdm=False)[0]
+    assert out.prompt == "the cat sat on the mat"
+    assert out.prompt_token_ids == tokenizer.encode("the cat sat on the mat")
+    completion = out.outputs[0]
+    assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    by_ids = llm.generate([out.prompt_token_ids], greedy(5, ignore_eos=True), use_tqdm=False)[0]
+    assert by_ids.outputs[0].token_ids == completion.token_ids
+
+
+# ---------------------------------------------------------------------- configuration
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_modes_resolve_to_their_compilation_settings(mode):
+    llm = make_llm("llama-tiny", mode, max_num_seqs=4)
+    expected_level = 0 if mode == "eager" else 3
+    assert llm.config.level == expected_level
+    assert llm.custom_ops["disabled"] == []  # both modes use every custom op
+    assert llm.config.cudagraph_capture_sizes == (1, 2, 4)  # capped at max_num_seqs by default
+
+
+def test_explicit_capture_sizes_are_kept():
+    llm = make_llm("llama-tiny", "eager", compilation_config={"level": 0, "cudagraph_capture_sizes": [1, 16]})
+    assert llm.config.cudagraph_capture_sizes == (1, 16)
+
+
+def test_default_max_model_len_is_capped_at_2048_and_dtype_auto_follows_the_checkpoint():
+    llm = make_llm("llama-tiny", "eager")
+    assert llm.max_model_len == 512  # llama-tiny's max_position_embeddings, below the 2048 cap
+    assert llm.dtype == torch.float32  # preset without a dtype, on CPU
+    if TINY_CHECKPOINT.exists():
+        assert LLM(str(TINY_CHECKPOINT), enforce_eager=True, device="cpu", use_tqdm=False).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(dtype="float64"), "^dtype: expected one of"),
+        (dict(max_num_seqs=0), "^max_num_seqs: expected an int >= 1"),
+        (dict(max_model_len=10_000), r"^max_model_len \(10000\) exceeds"),
+        (dict(max_num_seqs=8, max_num_batched_tokens=4), r"^max_num_batched_tokens \(4\) must be >= max_num_seqs"),
+        (dict(device="tpu"), "^device:"),
+        (dict(model="no-such-model"), "^model:"),
+    ],
+)
+def test_bad_constructor_arguments_name_the_argument(kwargs, match):
+    kwargs = {"model": "llama-tiny", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        LLM(use_tqdm=False, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(compilation_config="{level: 3"), "neither JSON"),
+        (dict(compilation_config={"levle": 3}), "unknown key"),
+        (dict(enforce_eager=True, compilation_config={"level": 3}), "enforce_eager=True contradicts"),
+    ],
+)
+def test_bad_compilation_settings_raise_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        LLM("llama-tiny", use_tqdm=False, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "prompts, params, match",
+    [
+        ([[5] * 500], greedy(20), r"^prompts\[0\]: prompt \(500 tokens\) \+ max_tokens \(20\) = 520 exceeds"),
+        (["some text"], greedy(2), r"^prompts\[0\] is a string but 'llama-tiny' has no tokenizer"),
+        ([[1, 2], [3, 256]], greedy(2), r"^prompts\[1\]: token ids must be ints in \[0, 256\)"),
+        ([[1, 2], []], greedy(2), r"^prompts\[1\]: expected a non-empty list"),
+        ([1, 2, 3], greedy(2), "^prompts: a flat list of ints is ambiguous"),
+        ([[1, 2]], greedy(2, stop_token_ids=[300]), r"^sampling_params.stop_token_ids: \[300\] outside"),
+        ([[1, 2], [3]], [greedy(2)], "^sampling_params: expected one SamplingParams or a list of 2"),
+    ],
+)
+def test_bad_requests_name_the_prompt_or_field(prompts, params, match):
+    llm = make_llm("llama-tiny", "eager")
+    with pytest.raises(ValueError, match=match):
+        llm.generate(prompts, params, use_tqdm=False)
+
+
+# ---------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+def test_piecewise_cuda_graphs_generate_the_tokens_eager_generates():
+    # 4 prompts, max_num_seqs 4: every decode step runs exactly at capture size 4 (no padding rows) and
+    # the prefill (23 tokens) runs without a graph, so no_inductor runs eager's kernels on eager's shapes:
+    # the tokens must be identical, not just close.
+    prompts = ragged_prompts(4, 256)
+    tokens = {}
+    for mode in ENGINE_MODES:
+        llm = make_llm("llama-tiny", mode, device="cuda", dtype="float32", max_num_seqs=4)
+        outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
+        tokens[mode] = [o.outputs[0].token_ids for o in outputs]
+        if mode == "no_inductor":
+            assert llm.startup.capture_sizes == (4, 2, 1)
+            assert llm.startup.graph_gib >= 0
+    assert tokens["no_inductor"] == tokens["eager"]
+
+
+@pytest.mark.gpu
+def test_inductor_with_padded_decode_batches_matches_the_oracle():
+    # float32: NEAR_TIE is a float32 margin (bfloat16 rounding would flip far wider gaps)
+    llm = make_llm("llama-tiny", "inductor", device="cuda", dtype="float32", max_num_seqs=4)
+    prompts = ragged_prompts(3, llm.vocab_size, seed=2)  # 3 sequences: decode steps padded to size 4
+    outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
+    assert_matches_oracle(llm, prompts, outputs, 8)

@@ -1,0 +1,166 @@
+"""Sampling parameters (vLLM's names) and the sampler that turns logits into next tokens.
+
+Per row, in this order: temperature 0 is greedy (argmax); otherwise logits are divided by the
+temperature, top-k keeps the ``k`` largest, top-p (nucleus sampling, Holtzman et al. 2019, "The Curious
+Case of Neural Text Degeneration") keeps the smallest set of most likely tokens whose probability sums to
+at least ``p``, and one token is drawn from the renormalised distribution with the row's own
+``torch.Generator``. Top-k before top-p is the order transformers and vLLM use.
+
+Every request draws from its own generator, so what a request samples depends on its seed only, not on
+which other requests share its batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+# Below this temperature, logits / temperature overflows float32 for ordinary logit magnitudes.
+MIN_TEMPERATURE = 1e-2
+
+
+class SamplingError(ValueError):
+    """A sampling parameter is outside its allowed range."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """How to generate tokens for one prompt. Field names and defaults follow vLLM's ``SamplingParams``.
+
+    Attributes:
+        n: completions per prompt; only 1 is supported.
+        temperature: 0 for greedy decoding, else a float >= ``MIN_TEMPERATURE`` (0.01) dividing the logits.
+            vLLM silently raises smaller positive temperatures to 0.01; here they are an error.
+        top_p: nucleus probability mass in (0, 1]; 1 keeps every token.
+        top_k: keep the k most likely tokens; 0 or -1 keeps every token.
+        max_tokens: most tokens to generate, >= 1.
+        min_tokens: EOS and ``stop_token_ids`` cannot be sampled before this many tokens were generated;
+            0 <= min_tokens <= max_tokens.
+        ignore_eos: keep generating after EOS (the benchmark uses this to fix output lengths).
+        stop_token_ids: token ids that end the sequence (the stop token is kept in the output ids).
+        seed: seed of this request's generator; None lets the engine derive one from its own seed.
+
+    Raises:
+        SamplingError: a field is out of range; the message names the field and the allowed values.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n != 1:
+            raise SamplingError(f"n: only n=1 is supported, got {self.n!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise SamplingError(f"temperature: expected a finite float, got {t!r}")
+        if t != 0 and t < MIN_TEMPERATURE:
+            raise SamplingError(f"temperature: expected 0 (greedy) or a float >= {MIN_TEMPERATURE}, got {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise SamplingError(f"top_p: expected a float in (0, 1], got {p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise SamplingError(f"top_k: expected an int >= 1, or 0 or -1 to disable, got {self.top_k!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise SamplingError(f"max_tokens: expected an int >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingError(
+                f"min_tokens: expected an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise SamplingError(
+                f"stop_token_ids: expected a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
+            )
+        self.stop_token_ids = list(self.stop_token_ids)
+        if self.seed is not None and not _is_int(self.seed):
+            raise SamplingError(f"seed: expected an int or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (one per request)."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) the tokens top-k and then top-p remove, row by row.
+
+    Args:
+        logits: [B, V] float32, already divided by the temperature.
+        top_k: [B] int64; ``k <= 0`` or ``k >= V`` keeps every token. Tokens tied with the k-th largest
+            logit are kept.
+        top_p: [B] float32 in (0, 1]; a row keeps the smallest prefix of its tokens (most likely first)
+            whose probabilities, after top-k, sum to at least ``p``. The most likely token is always kept.
+
+    Returns:
+        [B, V] float32, a new tensor.
+    """
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
+    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).clamp(min=1)  # [B]
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])  # [B, 1]
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V]: probability of the more likely tokens
+    # enough mass without this token (never the first); p = 1 keeps all, whatever the cumsum's rounding
+    drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Pick one next token per row.
+
+    Args:
+        logits: [B, V] float32.
+        params: B sampling parameters, one per row.
+        generators: B generators on ``logits.device``; rows with ``temperature > 0`` draw from theirs
+            (None is allowed only for greedy rows).
+
+    Returns:
+        [B] int64 token ids on ``logits.device``.
+
+    Raises:
+        ValueError: ``params`` or ``generators`` does not have B entries, or a sampled row has no generator.
+    """
+    batch = logits.shape[0]
+    if len(params) != batch or len(generators) != batch:
+        raise ValueError(f"sample: expected {batch} params and generators, got {len(params)} and {len(generators)}")
+    tokens = logits.argmax(dim=-1)  # [B]: the greedy rows' answer
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return tokens
+    device = logits.device
+    temperature = torch.tensor([params[i].temperature for i in rows], dtype=logits.dtype, device=device)
+    top_k = torch.tensor([params[i].top_k for i in rows], dtype=torch.int64, device=device)
+    top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=device)
+    probs = apply_top_k_top_p(logits[rows] / temperature[:, None], top_k, top_p).softmax(dim=-1)  # [b, V]
+    for j, i in enumerate(rows):
+        if generators[i] is None:
+            raise ValueError(f"sample: row {i} samples (temperature {params[i].temperature}) but has no generator")
+        tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+    return tokens
