@@ -1,0 +1,315 @@
+"""Set-up for the latency benchmarks: command-line options, one compiled runner per mode, the decode floor.
+
+Runs are saved by pytest-benchmark (autosave) to ``<repo>/.benchmarks/`` so that
+``pytest perf/ --benchmark-compare`` compares against the previous run. Model runners are built once per
+mode for the whole session (Inductor compiles once per mode); see perf/NOTES.md for how to read the numbers.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from dataclasses import dataclass
+
+import pytest
+import torch
+from pytest_benchmark.utils import get_tag
+
+from reference.compilation.counters import CompilationCounter, compilation_counter
+from reference.config import CompilationConfig, default_capture_sizes
+from reference.engine import ModelRunner
+from reference.models import registry
+from reference.ops import Attention, CustomOpSelection
+
+# Mode name (used in test ids) -> its compilation config for a decode batch of `batch_size` sequences.
+# Capture sizes are the default pattern up to the decode batch (1, 2, 4, 8 for B=8): decode steps replay
+# graphs; prefills (B * input_len tokens) are larger and run the compiled pieces without graphs.
+MODES = {
+    "eager": lambda batch_size: CompilationConfig().for_eager(),
+    "no_inductor": lambda batch_size: CompilationConfig(
+        level=3, use_inductor=False, custom_ops=["all"], cudagraph_capture_sizes=default_capture_sizes(batch_size)
+    ),
+    "inductor": lambda batch_size: CompilationConfig(
+        level=3, use_inductor=True, cudagraph_capture_sizes=default_capture_sizes(batch_size)
+    ),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
+DEFAULT_MODEL = "llama-tiny"
+# GPU.md: device-to-device copy on the project's H200, bytes read + written per second (2026-11-30).
+H200_COPY_BANDWIDTH = 4.23e12
+
+
+# ---------------------------------------------------------------------- options
+def pytest_addoption(parser):
+    group = parser.getgroup("perf", "latency benchmarks (perf/)")
+    group.addoption(
+        "--perf-model", default=DEFAULT_MODEL, help=f"preset or checkpoint directory to benchmark [{DEFAULT_MODEL}]"
+    )
+    group.addoption("--perf-device", default=None, help="torch device [cuda if available, else cpu]")
+    group.addoption("--perf-dtype", default=None, help=f"one of {list(DTYPES)} [bfloat16 on cuda, float32 on cpu]")
+    group.addoption("--perf-batch-size", type=int, default=8, help="sequences per decode step and prefill [8]")
+    group.addoption("--perf-input-len", type=int, default=32, help="prompt tokens per sequence in the prefill [32]")
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    """The validated ``--perf-*`` options.
+
+    Attributes:
+        model: preset name or checkpoint directory (see reference.models.registry).
+        device: where the model runs.
+        dtype: parameter dtype.
+        batch_size: sequences per step (decode: one token each; prefill: ``input_len`` tokens each).
+        input_len: prompt length in tokens; decode steps run at context ``input_len``.
+    """
+
+    model: str
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int
+    input_len: int
+
+
+_SETTINGS = pytest.StashKey[PerfSettings]()
+
+
+def _settings(config: pytest.Config) -> PerfSettings:
+    """Read and check the options.
+
+    Raises:
+        pytest.UsageError: an option has a bad value; the message names the option and the allowed values.
+    """
+    model = config.getoption("perf_model")
+    try:
+        model_config = registry.model_config(model)
+        registry.model_class(model_config)
+    except ValueError as err:
+        raise pytest.UsageError(f"--perf-model: {err}") from None
+    device_name = config.getoption("perf_device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device_name)
+    except RuntimeError:
+        raise pytest.UsageError(f"--perf-device: {device_name!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'")
+    if device.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--perf-device: expected 'cpu', 'cuda' or 'cuda:N', got {device_name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--perf-device: {device_name!r} but CUDA is not available here; use --perf-device cpu")
+    dtype_name = config.getoption("perf_dtype") or ("bfloat16" if device.type == "cuda" else "float32")
+    if dtype_name not in DTYPES:
+        raise pytest.UsageError(f"--perf-dtype: expected one of {list(DTYPES)}, got {dtype_name!r}")
+    for option in ("perf_batch_size", "perf_input_len"):
+        if config.getoption(option) < 1:
+            flag = "--" + option.replace("_", "-")
+            raise pytest.UsageError(f"{flag}: expected a positive int, got {config.getoption(option)}")
+    longest = model_config.max_position_embeddings - 1  # the decode step's token sits at position input_len
+    if config.getoption("perf_input_len") > longest:
+        raise pytest.UsageError(f"--perf-input-len: {model} takes at most {longest} prompt tokens here")
+    return PerfSettings(
+        model, device, DTYPES[dtype_name], config.getoption("perf_batch_size"), config.getoption("perf_input_len")
+    )
+
+
+def pytest_configure(config):
+    """Check the options; save every run to ``<rootdir>/.benchmarks`` (pytest-benchmark's autosave).
+
+    Runs before pytest-benchmark's own ``pytest_configure`` (which is ``trylast``) reads these options when
+    this conftest is loaded at start-up, i.e. when ``perf/`` (or a file in it) is on the command line;
+    ``pytest .`` loads it later and runs the benchmarks without saving them. A ``--benchmark-storage``
+    given on the command line is kept.
+    """
+    config.stash[_SETTINGS] = _settings(config)
+    if not config.option.benchmark_autosave:
+        config.option.benchmark_autosave = get_tag()  # what --benchmark-autosave stores: commit id + time
+    if config.option.benchmark_storage == "file://./.benchmarks":  # pytest-benchmark's default (cwd-relative)
+        config.option.benchmark_storage = f"file://{config.rootpath / '.benchmarks'}"
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """Record the accelerator and library versions with every saved run (pytest-benchmark hook)."""
+    machine_info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+        machine_info["cuda_device"] = torch.cuda.get_device_name()
+
+
+@pytest.fixture(scope="session")
+def perf_settings(pytestconfig) -> PerfSettings:
+    """The ``--perf-*`` options, checked at start-up."""
+    return pytestconfig.stash[_SETTINGS]
+
+
+# ---------------------------------------------------------------------- models and runners
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Overrides the root conftest's per-test Dynamo reset: a reset would make the session's compiled
+    runners re-trace on their next call. Runners reset Dynamo themselves, once per mode (``perf_run``)."""
+    yield
+
+
+@dataclass
+class PerfRun:
+    """A warmed-up runner for one mode.
+
+    Attributes:
+        mode: ``'eager'``, ``'no_inductor'`` or ``'inductor'``.
+        runner: compiled, captured (CUDA, level 3) and ready; KV cache ``batch_size`` rows x
+            ``input_len + 1`` tokens. None once the mode's tests are done.
+        vocab_size: logits width.
+        weight_bytes: bytes of weights read per decode step.
+        counters: the compilation counters right after warm-up; a step that re-traces or captures changes them.
+        startup: compile_s, capture_s (s), graph_gib (GiB), capture_sizes; handed to the first test that
+            asks (:meth:`take_startup`), so each mode's start-up cost is reported once.
+    """
+
+    mode: str
+    runner: ModelRunner | None
+    vocab_size: int
+    weight_bytes: int
+    counters: CompilationCounter
+    startup: dict | None
+
+    def take_startup(self) -> dict:
+        """The start-up costs the first time it is called, ``{}`` afterwards."""
+        startup, self.startup = self.startup, None
+        return startup or {}
+
+
+@pytest.fixture(scope="session")
+def base_model(perf_settings) -> torch.nn.Module:
+    """The weights every mode runs with: ``build_model(..., seed=0)`` once per session (each mode's model
+    shares these tensors, so the 8B preset takes its 15 GB once).
+
+    Raises:
+        ValueError: the model has no KV-cache attention layer, so it has no decode step to time.
+    """
+    s = perf_settings
+    model = registry.build_model(
+        s.model, CustomOpSelection(MODES["eager"](s.batch_size)), dtype=s.dtype, device=s.device
+    )
+    if not any(isinstance(m, Attention) for m in model.modules()):
+        raise ValueError(
+            f"--perf-model {s.model!r}: no KV-cache attention layer (e.g. toy-llama, whose attention treats the whole "
+            "batch as one sequence), so there is no decode step to time; use a Llama-family preset, e.g. llama-tiny"
+        )
+    return model
+
+
+@pytest.fixture(scope="session", params=list(MODES))
+def perf_run(request, perf_settings, base_model):
+    """One :class:`PerfRun` per mode, alive while that mode's tests run (pytest groups tests by mode)."""
+    mode, s = request.param, perf_settings
+    config = MODES[mode](s.batch_size)
+    torch._dynamo.reset()  # nothing compiled for another mode may be reused
+    model = registry.build_model(
+        s.model, CustomOpSelection(config), dtype=s.dtype, device=s.device, share_weights_with=base_model
+    )
+    runner = ModelRunner(
+        model,
+        config,
+        max_num_seqs=s.batch_size,
+        max_model_len=s.input_len + 1,  # prompt + the decode token, rewritten at the same position each round
+        max_num_batched_tokens=s.batch_size * s.input_len,
+    )
+    stats = runner.warm_up()
+    run = PerfRun(
+        mode,
+        runner,
+        model.config.vocab_size,
+        registry.weight_bytes_per_decode_step(model),
+        compilation_counter.snapshot(),
+        startup={
+            "compile_s": stats.compile_s,
+            "capture_s": stats.capture_s,
+            "graph_gib": stats.graph_gib,
+            "capture_sizes": list(stats.capture_sizes),
+        },
+    )
+    yield run
+    # pytest holds `run` until after this teardown: drop the KV cache and graph pools now, so the next
+    # mode's start-up (and its graph memory figure) does not share the device with them.
+    run.runner = None
+    del runner, model
+    gc.collect()
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------- decode floor
+@dataclass(frozen=True)
+class Bandwidth:
+    """The memory bandwidth a decode-step floor is computed with.
+
+    Attributes:
+        bytes_per_s: bandwidth used for the floor (B/s).
+        source: where ``bytes_per_s`` comes from.
+        measured_copy_bytes_per_s: this device's device-to-device copy, bytes read + written per second.
+    """
+
+    bytes_per_s: float
+    source: str
+    measured_copy_bytes_per_s: float
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 2**30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth of ``device``, (bytes read + bytes written) / s, median of ``repeats``
+    copies of ``nbytes`` (default 1 GiB, far above L2), timed with CUDA events. Same method as GPU.md."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(seconds)
+
+
+@pytest.fixture(scope="session")
+def bandwidth(perf_settings) -> Bandwidth | None:
+    """On CUDA, the bandwidth for the decode floor: GPU.md's 4.23e12 B/s on an H200 (the figure the targets
+    in GPU.md are defined with), this device's measured copy bandwidth on any other GPU. None on CPU."""
+    device = perf_settings.device
+    if device.type != "cuda":
+        return None
+    measured = measure_copy_bandwidth(device)
+    name = torch.cuda.get_device_name(device)
+    if "H200" in name:
+        return Bandwidth(H200_COPY_BANDWIDTH, "GPU.md: H200 device-to-device copy, 4.23e12 B/s", measured)
+    return Bandwidth(measured, f"measured here: {name} device-to-device copy", measured)
+
+
+# ---------------------------------------------------------------------- summary
+_REPORT = pytest.StashKey[list]()
+
+
+@pytest.fixture(scope="session")
+def perf_report(pytestconfig):
+    """``perf_report(name, median_s | None, extra_info)``: adds a line to the summary printed at the end."""
+    lines = pytestconfig.stash.setdefault(_REPORT, [])
+    return lambda name, median, info: lines.append((name, median, dict(info)))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Print each benchmark's median next to its derived figures (tokens/s, floor, start-up costs)."""
+    lines = config.stash.get(_REPORT, [])
+    if not lines:
+        return
+    terminalreporter.section("perf: medians with derived figures")
+    for name, median, info in lines:
+        if median is None:
+            terminalreporter.write_line(f"{name}: not timed (benchmarks disabled)")
+            continue
+        parts = [f"{name}: {median * 1e3:.3f} ms", f"{info['tokens_per_s']:,.0f} tokens/s"]
+        if "floor_ms" in info:
+            parts.append(f"floor {info['floor_ms']:.3f} ms ({info['bandwidth_source']}), {info['ratio_to_floor']:.2f}x")
+        if "compile_s" in info:
+            parts.append(f"startup: compile {info['compile_s']:.2f} s, capture {info['capture_s']:.2f} s")
+            if info["capture_sizes"]:
+                parts[-1] += f" (sizes {info['capture_sizes']}, {info['graph_gib']:.3f} GiB)"
+        terminalreporter.write_line(", ".join(parts))

@@ -1,0 +1,98 @@
+"""Latency of one prefill and one decode step per mode, through ``ModelRunner.step`` (see perf/NOTES.md).
+
+Each timed call is one ``runner.step``: host-side metadata, the host->device input copy, the compiled
+model (graph replays on CUDA at level 3), attention, the LM head on the last token of each sequence, and on
+CUDA a ``torch.cuda.synchronize()`` so the timer stops when the kernels are done.
+"""
+
+import torch
+
+from reference.compilation import compilation_counter
+
+# Explicit rounds (one call each) after explicit warm-up rounds; the runner is compiled and captured before.
+PREFILL_ROUNDS, PREFILL_WARMUP = 20, 3
+DECODE_ROUNDS, DECODE_WARMUP = 50, 5
+
+
+def _timed_step(run, device: torch.device):
+    def step(new_tokens, context_lens, rows):
+        logits = run.runner.step(new_tokens, context_lens, rows)  # [B, V] float32
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return logits
+
+    return step
+
+
+def _tokens(vocab_size: int, batch_size: int, length: int) -> list[list[int]]:
+    return torch.randint(vocab_size, (batch_size, length), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def _check_and_describe(benchmark, run, settings, logits, tokens_per_step: int) -> float | None:
+    """Assert the steps ran the warmed-up runner as is; fill ``extra_info``; return the median (s) or None
+    when benchmarking is disabled (``--benchmark-disable`` runs the step once, untimed)."""
+    assert logits.shape == (settings.batch_size, run.vocab_size) and logits.dtype == torch.float32
+    assert torch.isfinite(logits).all(), "non-finite logits: the timed step did not compute what it should"
+    # A re-trace or a capture after warm-up would put start-up work into the timed steps.
+    now = compilation_counter.snapshot()
+    assert now.num_graphs_seen == run.counters.num_graphs_seen, "the model was re-traced after warm-up"
+    assert now.num_cudagraph_captured == run.counters.num_cudagraph_captured, "CUDA graphs captured after warm-up"
+    info = benchmark.extra_info
+    info.update(
+        mode=run.mode,
+        model=settings.model,
+        device=torch.cuda.get_device_name(settings.device) if settings.device.type == "cuda" else "cpu",
+        dtype=str(settings.dtype).removeprefix("torch."),
+        batch_size=settings.batch_size,
+        input_len=settings.input_len,
+        tokens_per_step=tokens_per_step,
+    )
+    info.update(run.take_startup())
+    if not benchmark.stats:
+        return None
+    median = benchmark.stats.stats.median
+    info["tokens_per_s"] = tokens_per_step / median
+    return median
+
+
+def test_prefill_latency(benchmark, perf_run, perf_settings, perf_report):
+    """``batch_size`` prompts of ``input_len`` tokens each, from an empty cache, in one step."""
+    b, n = perf_settings.batch_size, perf_settings.input_len
+    prompts, rows = _tokens(perf_run.vocab_size, b, n), list(range(b))
+    logits = benchmark.pedantic(
+        _timed_step(perf_run, perf_settings.device),
+        args=(prompts, [0] * b, rows),
+        rounds=PREFILL_ROUNDS,
+        warmup_rounds=PREFILL_WARMUP,
+    )
+    median = _check_and_describe(benchmark, perf_run, perf_settings, logits, tokens_per_step=b * n)
+    perf_report(benchmark.name, median, benchmark.extra_info)
+
+
+def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf_report):
+    """One new token for each of ``batch_size`` sequences with ``input_len`` tokens cached.
+
+    Every round rewrites the same position, so each round does the same work. On CUDA, ``extra_info``
+    carries the floor: weight bytes read per step / bandwidth, and the median's ratio to it.
+    """
+    b, n = perf_settings.batch_size, perf_settings.input_len
+    tokens, rows = _tokens(perf_run.vocab_size, b, n + 1), list(range(b))
+    perf_run.runner.step([t[:n] for t in tokens], [0] * b, rows)  # prefill: fills the cache the step reads
+    logits = benchmark.pedantic(
+        _timed_step(perf_run, perf_settings.device),
+        args=([[t[n]] for t in tokens], [n] * b, rows),
+        rounds=DECODE_ROUNDS,
+        warmup_rounds=DECODE_WARMUP,
+    )
+    median = _check_and_describe(benchmark, perf_run, perf_settings, logits, tokens_per_step=b)
+    benchmark.extra_info["weight_bytes"] = perf_run.weight_bytes
+    if bandwidth is not None and median is not None:
+        floor_s = perf_run.weight_bytes / bandwidth.bytes_per_s
+        benchmark.extra_info.update(
+            bandwidth_bytes_per_s=bandwidth.bytes_per_s,
+            bandwidth_source=bandwidth.source,
+            measured_copy_bytes_per_s=bandwidth.measured_copy_bytes_per_s,
+            floor_ms=floor_s * 1e3,
+            ratio_to_floor=median / floor_s,
+        )
+    perf_report(benchmark.name, median, benchmark.extra_info)
