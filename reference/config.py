@@ -139,9 +139,10 @@ class CompilationConfig:
             for s in sizes:
                 _check_int("cudagraph_capture_sizes", s, minimum=1)
             sizes = tuple(sorted(set(sizes)))
-            if max_size is not None and sizes and max(sizes) != max_size:
+            largest = max(sizes, default="none: the list is empty")
+            if max_size is not None and largest != max_size:
                 raise ConfigError(
-                    f"cudagraph_capture_sizes (largest {max(sizes)}) and max_cudagraph_capture_size "
+                    f"cudagraph_capture_sizes (largest {largest}) and max_cudagraph_capture_size "
                     f"({max_size}) disagree; give one of them, or make the largest size equal the maximum"
                 )
         object.__setattr__(self, "cudagraph_capture_sizes", sizes)
@@ -225,31 +226,37 @@ class CompilationConfig:
         if isinstance(value, int) and not isinstance(value, bool):
             return cls(level=value)
         if isinstance(value, str):
-            value = _parse_string(value)
+            value = parse_config_text(value)
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
                 f"got {type(value).__name__}: {value!r}"
             )
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(value) - known, key=repr)  # keys of a literal dict may be of mixed types
         if unknown:
             raise ConfigError(f"compilation config: unknown key(s) {unknown}; known keys: {sorted(known)}")
         return cls(**value)
 
 
 # ---------------------------------------------------------------------- helpers
-def _parse_string(text: str) -> Any:
+def parse_config_text(text: str) -> Any:
+    """A config string as data: a bare digit is ``{'level': digit}``, else JSON, else a Python literal.
+
+    Raises:
+        ConfigError: the text is none of these (``eval`` is never used).
+    """
     text = text.strip()
     if text.isdigit():
         return {"level": int(text)}
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         pass
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError) as err:
+    # TypeError: unhashable dict key or set item; RecursionError/MemoryError: absurdly deep nesting
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as err:
         raise ConfigError(
             f"compilation config: {text!r} is neither JSON, a Python literal nor a level digit ({err})"
         ) from None
@@ -266,7 +273,8 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
-    if isinstance(value, bool) or value not in allowed:
+    # type check first: 3.0 == 3 and True == 1, but neither is the int level 3 or 1
+    if isinstance(value, bool) or type(value) not in {type(a) for a in allowed} or value not in allowed:
         raise ConfigError(f"{name}: expected one of {list(allowed)}, got {value!r}")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from reference.config import CompilationConfig, _parse_string
+from reference.config import CompilationConfig, parse_config_text
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams, make_generator, sample
 from reference.models import registry
@@ -428,7 +428,7 @@ def compilation_fields(value: Mapping[str, Any] | str | int | None) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         return {"level": value}
     if isinstance(value, str):
-        return _parse_string(value)
+        return parse_config_text(value)
     return dict(value) if isinstance(value, Mapping) else value
 
 

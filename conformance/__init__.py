@@ -1,0 +1,1 @@
+"""Conformance tests: what the reference implementation promises, checked on CPU (and on CUDA where marked)."""

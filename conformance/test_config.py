@@ -1,0 +1,286 @@
+"""CompilationConfig: parsing, validation with field-naming errors, resolved defaults, enforce_eager."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reference.config import ATTENTION_OP, CompilationConfig, ConfigError, default_capture_sizes
+
+NO_INDUCTOR_ALL_OPS = CompilationConfig(use_inductor=False, custom_ops=("all",))
+
+
+# ---------------------------------------------------------------------- parsing
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"use_inductor": False, "custom_ops": ["all"]},
+        '{"use_inductor": false, "custom_ops": ["all"]}',
+        "{'use_inductor': False, 'custom_ops': ['all']}",
+        "  {'use_inductor': False, 'custom_ops': ('all',)}\n",
+        NO_INDUCTOR_ALL_OPS,
+    ],
+    ids=["dict", "json", "python_literal", "python_literal_tuple_padded", "config"],
+)
+def test_every_input_form_parses_to_the_same_config(value):
+    assert CompilationConfig.parse(value) == NO_INDUCTOR_ALL_OPS
+
+
+@pytest.mark.parametrize("value", ["0", "1", " 2 ", "3", 0, 1, 2, 3])
+def test_a_bare_level_means_that_level_with_defaults(value):
+    level = int(value)
+    assert CompilationConfig.parse(value) == CompilationConfig(level=level)
+
+
+def test_none_gives_the_defaults():
+    config = CompilationConfig.parse(None)
+    assert config == CompilationConfig()
+    assert (config.level, config.use_inductor, config.cudagraph_mode) == (3, True, "piecewise")
+    assert config.splitting_ops == (ATTENTION_OP,)
+    assert config.max_cudagraph_capture_size == 512
+
+
+def test_parsing_never_evaluates_code(tmp_path):
+    marker = tmp_path / "evaluated"
+    for text in (
+        f"__import__('os').system('touch {marker}')",
+        f"open({str(marker)!r}, 'w')",
+        f"{{'level': __import__('os').system('touch {marker}')}}",
+    ):
+        with pytest.raises(ConfigError, match="neither JSON, a Python literal nor a level digit"):
+            CompilationConfig.parse(text)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{'level': 3", "neither JSON, a Python literal nor a level digit"),
+        ("level=3", "neither JSON, a Python literal nor a level digit"),
+        ("{level: 3}", "neither JSON, a Python literal nor a level digit"),
+        ("[1, 2]", "expected a dict, a JSON or Python-literal string, or a level digit; got list"),
+        ("3.0", "expected a dict, a JSON or Python-literal string, or a level digit; got float"),
+        ("-1", "expected a dict, a JSON or Python-literal string, or a level digit; got int"),
+        ("7", r"level: expected one of \[0, 1, 2, 3\], got 7"),
+        # literal_eval raises TypeError (not ValueError) for unhashable dict keys and set items
+        ("{['level']: 3}", "neither JSON, a Python literal nor a level digit"),
+        ("{1, [2]}", "neither JSON, a Python literal nor a level digit"),
+        # json and literal_eval recurse; absurd nesting must still be a ConfigError
+        ("[" * 100_000, "neither JSON, a Python literal nor a level digit"),
+    ],
+    ids=[
+        "unclosed",
+        "assignment",
+        "unquoted_key",
+        "list",
+        "float",
+        "negative",
+        "level_out_of_range",
+        "unhashable_key",
+        "unhashable_set_item",
+        "deep_nesting",
+    ],
+)
+def test_malformed_strings_raise_config_error(text, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse(text)
+
+
+def test_unknown_keys_are_named_with_the_known_keys():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['levle'\]; known keys: \[.*'level'.*'use_inductor'"):
+        CompilationConfig.parse({"levle": 3, "use_inductor": False})
+
+
+def test_non_string_keys_are_reported_as_unknown():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \[('levle', 1|1, 'levle')\]"):
+        CompilationConfig.parse("{1: 2, 'levle': 3}")
+
+
+def test_a_non_dict_value_is_rejected():
+    with pytest.raises(ConfigError, match="expected a dict.*got list"):
+        CompilationConfig.parse([("level", 3)])
+
+
+# ---------------------------------------------------------------------- field types and values
+WRONG_VALUES = [
+    ("level", True, r"level: expected one of \[0, 1, 2, 3\], got True"),
+    ("level", "3", r"level: expected one of \[0, 1, 2, 3\], got '3'"),
+    ("level", 3.0, r"level: expected one of \[0, 1, 2, 3\], got 3.0"),
+    ("level", 4, r"level: expected one of \[0, 1, 2, 3\], got 4"),
+    ("use_inductor", "false", "use_inductor: expected bool, got str 'false'"),
+    ("use_inductor", 1, "use_inductor: expected bool, got int 1"),
+    ("debug_cudagraph_addresses", 1, "debug_cudagraph_addresses: expected bool"),
+    ("custom_ops", "all", "custom_ops: expected a list of strings, got 'all'"),
+    ("custom_ops", ["all", 1], "custom_ops: expected a list of strings, got item 1"),
+    ("splitting_ops", ATTENTION_OP, "splitting_ops: expected a list of strings"),
+    ("splitting_ops", ["attention"], "splitting_ops: 'attention' is not a qualified op name; expected 'namespace::op'"),
+    ("splitting_ops", ["a::b::c"], "splitting_ops: 'a::b::c' is not a qualified op name"),
+    ("splitting_ops", ["::attention"], "splitting_ops: '::attention' is not a qualified op name"),
+    ("cudagraph_mode", "full", r"cudagraph_mode: expected one of \['none', 'piecewise'\], got 'full'"),
+    ("cudagraph_mode", False, r"cudagraph_mode: expected one of \['none', 'piecewise'\], got False"),
+    ("cudagraph_capture_sizes", "1,2,4", "cudagraph_capture_sizes: expected a list of positive ints, got '1,2,4'"),
+    ("cudagraph_capture_sizes", 8, "cudagraph_capture_sizes: expected a list of positive ints, got 8"),
+    ("cudagraph_capture_sizes", [1, "2"], "cudagraph_capture_sizes: expected an int >= 1, got '2'"),
+    ("cudagraph_capture_sizes", [0, 1], "cudagraph_capture_sizes: expected an int >= 1, got 0"),
+    ("cudagraph_capture_sizes", [1, True], "cudagraph_capture_sizes: expected an int >= 1, got True"),
+    ("cudagraph_capture_sizes", [1, 2.0], "cudagraph_capture_sizes: expected an int >= 1, got 2.0"),
+    ("max_cudagraph_capture_size", 0, "max_cudagraph_capture_size: expected an int >= 1, got 0"),
+    ("max_cudagraph_capture_size", "8", "max_cudagraph_capture_size: expected an int >= 1, got '8'"),
+    ("max_cudagraph_capture_size", 8.0, "max_cudagraph_capture_size: expected an int >= 1, got 8.0"),
+    ("cudagraph_num_of_warmups", -1, "cudagraph_num_of_warmups: expected an int >= 0, got -1"),
+    ("cudagraph_num_of_warmups", 1.5, "cudagraph_num_of_warmups: expected an int >= 0, got 1.5"),
+    ("inductor_compile_config", "max_autotune", "inductor_compile_config: expected a dict with string keys"),
+    ("inductor_compile_config", {1: True}, "inductor_compile_config: expected a dict with string keys"),
+]
+
+
+@pytest.mark.parametrize(
+    "field, value, message", [pytest.param(*case, id=f"{case[0]}={case[1]!r}") for case in WRONG_VALUES]
+)
+def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse({field: value})
+    with pytest.raises(ConfigError, match=message):  # the constructor validates the same way
+        CompilationConfig(**{field: value})
+
+
+# ---------------------------------------------------------------------- contradictions
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"level": 2, "cudagraph_mode": "piecewise"}, r"cudagraph_mode='piecewise' needs level=3.*got level=2"),
+        ({"level": 0, "cudagraph_mode": "piecewise"}, r"cudagraph_mode='piecewise' needs level=3.*got level=0"),
+        ({"cudagraph_capture_sizes": []}, r"cudagraph_capture_sizes is empty but cudagraph_mode='piecewise'"),
+        (
+            {"use_inductor": False, "inductor_compile_config": {"max_autotune": True}},
+            "inductor_compile_config is set but use_inductor=False",
+        ),
+        ({"level": 2, "splitting_ops": []}, r"splitting_ops only apply at level=3.*got level=2"),
+        ({"level": 1, "splitting_ops": ["reference::silly_attention"]}, r"splitting_ops only apply at level=3"),
+        (
+            {"cudagraph_capture_sizes": [1, 2, 4], "max_cudagraph_capture_size": 8},
+            r"cudagraph_capture_sizes \(largest 4\) and max_cudagraph_capture_size \(8\) disagree",
+        ),
+        (
+            {"cudagraph_capture_sizes": [1, 16], "max_cudagraph_capture_size": 8},
+            r"cudagraph_capture_sizes \(largest 16\) and max_cudagraph_capture_size \(8\) disagree",
+        ),
+        (
+            # no sizes at all cannot have a largest size of 16
+            {"cudagraph_mode": "none", "cudagraph_capture_sizes": [], "max_cudagraph_capture_size": 16},
+            r"cudagraph_capture_sizes .* and max_cudagraph_capture_size \(16\) disagree",
+        ),
+        ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
+        ({"custom_ops": ["+rms_norm", "-rms_norm"]}, r"custom_ops: '\+rms_norm' and '-rms_norm' contradict each other"),
+        ({"custom_ops": ["+flash_norm"]}, r"custom_ops: unknown op 'flash_norm'.*known ops: \[.*'rms_norm'"),
+        (
+            {"custom_ops": ["rms_norm"]},
+            r"custom_ops: 'rms_norm' is not valid; expected 'all', 'none', or '\+name'/'-name'",
+        ),
+        ({"custom_ops": ["+"]}, r"custom_ops: '\+' is not valid; expected 'all', 'none'"),
+        ({"custom_ops": ["ALL"]}, r"custom_ops: 'ALL' is not valid; expected 'all', 'none'"),
+        ({"custom_ops": ["*rms_norm"]}, r"custom_ops: '\*rms_norm' is not valid"),
+    ],
+    ids=[
+        "piecewise_at_level2",
+        "piecewise_at_level0",
+        "piecewise_without_sizes",
+        "inductor_config_with_inductor_off",
+        "splitting_ops_at_level2",
+        "splitting_ops_at_level1",
+        "sizes_below_max",
+        "sizes_above_max",
+        "empty_sizes_with_max",
+        "all_and_none",
+        "plus_and_minus",
+        "unknown_op",
+        "op_without_sign",
+        "sign_without_op",
+        "uppercase_all",
+        "bad_sign",
+    ],
+)
+def test_contradictions_raise_and_say_how_to_resolve(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse(settings)
+
+
+# ---------------------------------------------------------------------- capture sizes
+@pytest.mark.parametrize("max_size", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 63, 64, 100, 512, 513])
+def test_default_capture_sizes_follow_the_rule(max_size):
+    """1, 2, 4, then every multiple of 8, up to and including max_size, which is always kept."""
+    sizes = default_capture_sizes(max_size)
+    expected = {s for s in (1, 2, 4) if s <= max_size} | set(range(8, max_size + 1, 8)) | {max_size}
+    assert list(sizes) == sorted(expected)
+    assert sizes[-1] == max_size
+    config = CompilationConfig(max_cudagraph_capture_size=max_size)
+    assert config.cudagraph_capture_sizes == sizes
+    assert config.max_cudagraph_capture_size == max_size
+
+
+def test_a_maximum_that_is_not_a_multiple_of_8_is_kept():
+    assert CompilationConfig(max_cudagraph_capture_size=100).cudagraph_capture_sizes[-3:] == (88, 96, 100)
+
+
+def test_default_sizes_go_up_to_512():
+    sizes = CompilationConfig().cudagraph_capture_sizes
+    assert sizes[:5] == (1, 2, 4, 8, 16)
+    assert sizes[-1] == 512 and len(sizes) == 3 + 512 // 8
+
+
+def test_explicit_sizes_are_deduplicated_and_sorted_and_set_the_maximum():
+    config = CompilationConfig(cudagraph_capture_sizes=[8, 2, 8, 1, 24])
+    assert config.cudagraph_capture_sizes == (1, 2, 8, 24)
+    assert config.max_cudagraph_capture_size == 24
+    agreeing = CompilationConfig(cudagraph_capture_sizes=[4, 2], max_cudagraph_capture_size=4)
+    assert agreeing.cudagraph_capture_sizes == (2, 4)
+
+
+def test_cudagraph_mode_defaults_to_piecewise_only_at_level_3():
+    assert [CompilationConfig(level=level).cudagraph_mode for level in range(4)] == ["none"] * 3 + ["piecewise"]
+    assert CompilationConfig(level=3, cudagraph_mode="none").cudagraph_mode == "none"
+
+
+def test_describe_round_trips_through_json():
+    config = CompilationConfig.parse(
+        {"use_inductor": True, "custom_ops": ["+rms_norm"], "max_cudagraph_capture_size": 40,
+         "inductor_compile_config": {"max_autotune": False}}
+    )
+    assert CompilationConfig.parse(json.dumps(config.describe())) == config
+
+
+# ---------------------------------------------------------------------- enforce_eager
+def test_for_eager_turns_off_compilation_and_graphs_and_keeps_the_rest():
+    config = CompilationConfig.parse({"use_inductor": False, "custom_ops": ["-rms_norm"], "splitting_ops": []})
+    eager = config.for_eager()
+    assert (eager.level, eager.cudagraph_mode) == (0, "none")
+    assert eager.custom_ops == ("-rms_norm",) and eager.use_inductor is False
+    assert eager.splitting_ops == (ATTENTION_OP,)  # splitting is meaningless without compilation
+    assert eager.for_eager() == eager
+
+
+def test_for_eager_switches_the_custom_op_default_to_all():
+    """Inductor at level 3 means custom ops default to none; without compilation they default to all."""
+    config = CompilationConfig(use_inductor=True)
+    assert config.custom_ops_default is False
+    assert config.for_eager().custom_ops_default is True
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"level": 3}, r"enforce_eager=True contradicts compilation_config level=3"),
+        ({"level": 1}, r"enforce_eager=True contradicts compilation_config level=1"),
+        ({"cudagraph_mode": "piecewise"}, r"enforce_eager=True contradicts cudagraph_mode='piecewise'"),
+    ],
+    ids=["explicit_level3", "explicit_level1", "explicit_piecewise"],
+)
+def test_for_eager_refuses_explicit_compilation_settings(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse(settings).for_eager()
+
+
+def test_for_eager_accepts_explicit_eager_settings():
+    assert CompilationConfig.parse({"level": 0}).for_eager().level == 0
+    assert CompilationConfig.parse({"cudagraph_mode": "none"}).for_eager().level == 0

@@ -1,0 +1,203 @@
+"""Custom ops: which implementation each layer gets, the record of that choice, and native == custom.
+
+Tolerances. On CPU ``forward_custom`` calls a ``torch.library`` op whose CPU kernel runs the very function
+``forward_native`` runs, on the same tensors, so the two must be *bitwise* equal (asserted with rtol=0,
+atol=0); any difference means the op was wired to other code or other arguments. (On CUDA the custom ops
+run Triton kernels, compared with these torch functions in test_triton_kernels.py.) Against the
+transformers oracle we allow torch's default tolerance for the dtype (fp32: rtol 1.3e-6, atol 1e-5;
+bf16: rtol 1.6e-2, atol 1e-5): both sides compute the same formula, and the default only admits the
+few-ulp differences a different reduction or operation order could cause.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.activations import ACT2FN
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from conformance.helpers import build_llama, mode_config, small_llama_config
+from reference.config import CompilationConfig
+from reference.models.llama import LlamaForCausalLM, llama_rotary
+from reference.ops import CustomOp, CustomOpSelection, GeluTanhAndMul, RMSNorm, SiluAndMul, registered_custom_ops
+
+CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding"}
+EXACT = dict(rtol=0, atol=0)  # see the module docstring
+
+
+def _selection(**settings) -> CustomOpSelection:
+    return CustomOpSelection(CompilationConfig.parse(settings))
+
+
+def test_the_core_ops_are_registered():
+    assert CORE_OPS <= registered_custom_ops()
+
+
+def test_a_second_op_with_a_taken_name_is_refused():
+    with pytest.raises(RuntimeError, match="custom op name 'rms_norm' registered twice"):
+
+        class AnotherRMSNorm(CustomOp):  # noqa: F841 (defining the class is the test)
+            name = "rms_norm"
+
+
+# ---------------------------------------------------------------------- the truth table
+@pytest.mark.parametrize(
+    "settings, enabled",
+    [
+        ({"level": 0}, True),
+        ({"level": 0, "use_inductor": False}, True),
+        ({"level": 1}, False),
+        ({"level": 2}, False),
+        ({"level": 3}, False),
+        ({"level": 1, "use_inductor": False}, True),
+        ({"level": 2, "use_inductor": False}, True),
+        ({"level": 3, "use_inductor": False}, True),
+        ({"level": 3, "custom_ops": ["all"]}, True),
+        ({"level": 0, "custom_ops": ["none"]}, False),
+        ({"level": 3, "use_inductor": False, "custom_ops": ["none"]}, False),
+    ],
+    ids=[
+        "level0",
+        "level0-use_inductor=False",
+        "level1-inductor_compiles",
+        "level2-inductor_compiles",
+        "level3-inductor_compiles",
+        "level1-use_inductor=False",
+        "level2-use_inductor=False",
+        "level3-use_inductor=False",
+        "level3-all",
+        "level0-none",
+        "level3-use_inductor=False-none",
+    ],
+)
+def test_custom_ops_default_to_all_unless_inductor_compiles(settings, enabled):
+    ops = _selection(**settings)
+    assert {name: ops.is_enabled(name) for name in registered_custom_ops()} == dict.fromkeys(
+        registered_custom_ops(), enabled
+    )
+
+
+MODE_DEFAULTS = {"eager": True, "no_inductor": True, "inductor": False}
+
+
+@pytest.mark.parametrize("mode, enabled", MODE_DEFAULTS.items(), ids=list(MODE_DEFAULTS))
+def test_each_model_mode_has_its_custom_op_default(mode, enabled):
+    ops = CustomOpSelection(mode_config(mode))
+    assert all(ops.is_enabled(name) is enabled for name in registered_custom_ops())
+
+
+@pytest.mark.parametrize(
+    "settings, flipped",
+    [
+        ({"custom_ops": ["none", "+rms_norm"]}, {"rms_norm"}),
+        ({"custom_ops": ["all", "-rms_norm"]}, {"rms_norm"}),
+        (
+            {"use_inductor": True, "custom_ops": ["+silu_and_mul", "+rotary_embedding"]},
+            {"silu_and_mul", "rotary_embedding"},
+        ),
+        ({"level": 0, "custom_ops": ["-rotary_embedding"]}, {"rotary_embedding"}),
+        ({"use_inductor": False, "custom_ops": ["-rms_norm", "-gelu_tanh_and_mul"]}, {"rms_norm", "gelu_tanh_and_mul"}),
+    ],
+    ids=["none_plus", "all_minus", "inductor_default_plus", "level0_default_minus", "use_inductor=False-minus"],
+)
+def test_plus_and_minus_entries_override_the_default_for_their_op_only(settings, flipped):
+    config = CompilationConfig.parse(settings)
+    ops = CustomOpSelection(config)
+    for name in registered_custom_ops():
+        assert ops.is_enabled(name) is (config.custom_ops_default != (name in flipped)), name
+
+
+def test_asking_about_an_unknown_op_raises_key_error():
+    with pytest.raises(KeyError, match="unknown custom op 'flash_norm'; known: .*'rms_norm'"):
+        _selection().is_enabled("flash_norm")
+
+
+# ---------------------------------------------------------------------- the record of choices
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_the_selection_records_one_decision_per_layer_built(num_layers):
+    config = CompilationConfig(level=0, custom_ops=("-rms_norm",))
+    ops = CustomOpSelection(config)
+    model = LlamaForCausalLM(small_llama_config(num_hidden_layers=num_layers), ops)
+    # per layer: input and post-attention norms, one SiLU-and-mul; one final norm; one RoPE table shared by all
+    assert dict(ops.disabled) == {"rms_norm": 2 * num_layers + 1}
+    assert dict(ops.enabled) == {"silu_and_mul": num_layers, "rotary_embedding": 1}
+    assert ops.summary() == {"enabled": ["rotary_embedding", "silu_and_mul"], "disabled": ["rms_norm"]}
+    layers = [m for m in model.modules() if isinstance(m, CustomOp)]
+    assert layers and all(m.use_custom is (m.name != "rms_norm") for m in layers)
+
+
+def test_two_models_with_different_selections_do_not_interfere():
+    hf = small_llama_config(num_hidden_layers=1)
+    custom = build_llama(hf, CompilationConfig(level=0, custom_ops=("all",)))
+    native = build_llama(hf, CompilationConfig(level=0, custom_ops=("none",)))
+    assert all(m.use_custom for m in custom.modules() if isinstance(m, CustomOp))
+    assert not any(m.use_custom for m in native.modules() if isinstance(m, CustomOp))
+
+
+# ---------------------------------------------------------------------- native == custom == oracle
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BOTH = CustomOpSelection(CompilationConfig(level=0))  # the layer's choice is irrelevant: both paths are called
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0], ids=["llama_offset0", "gemma_offset1"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "fused_residual"])
+def test_rms_norm_custom_equals_native_and_transformers(dtype, weight_offset, with_residual):
+    hidden, eps = 64, 1e-5
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, hidden, generator=gen).to(dtype)
+    residual = torch.randn(7, hidden, generator=gen).to(dtype)
+    layer = RMSNorm(BOTH, hidden, eps=eps, weight_offset=weight_offset)
+    with torch.no_grad():
+        layer.weight.copy_(0.1 * torch.randn(hidden, generator=gen) + (1.0 - weight_offset))
+    layer.to(dtype)
+    oracle = (LlamaRMSNorm(hidden, eps) if weight_offset == 0 else Gemma3RMSNorm(hidden, eps)).to(dtype)
+    with torch.no_grad():
+        oracle.weight.copy_(layer.weight)
+        if with_residual:
+            native, native_res = layer.forward_native(x, residual)
+            custom, custom_res = layer.forward_custom(x, residual)
+            torch.testing.assert_close(custom_res, native_res, **EXACT)
+            torch.testing.assert_close(native_res, x + residual, **EXACT)  # one add, rounded once either way
+            expected = oracle(x + residual)
+        else:
+            native, custom = layer.forward_native(x), layer.forward_custom(x)
+            expected = oracle(x)
+    assert native.dtype == custom.dtype == dtype
+    torch.testing.assert_close(custom, native, **EXACT)
+    torch.testing.assert_close(native, expected)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize(
+    "layer_cls, activation", [(SiluAndMul, "silu"), (GeluTanhAndMul, "gelu_pytorch_tanh")], ids=["silu", "gelu_tanh"]
+)
+def test_gated_activations_custom_equal_native_and_transformers(dtype, layer_cls, activation):
+    x = torch.randn(5, 2 * 48, generator=torch.Generator().manual_seed(1)).to(dtype)
+    layer = layer_cls(BOTH)
+    native, custom = layer.forward_native(x), layer.forward_custom(x)
+    assert custom.shape == (5, 48)
+    torch.testing.assert_close(custom, native, **EXACT)
+    torch.testing.assert_close(native, ACT2FN[activation](x[:, :48]) * x[:, 48:])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_rotary_custom_equals_native_and_transformers(dtype):
+    hf = small_llama_config()
+    heads, kv_heads, d = hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
+    gen = torch.Generator().manual_seed(2)
+    positions = torch.randint(0, hf.max_position_embeddings, (6,), generator=gen)
+    # q and k as strided column slices of one qkv tensor, the way the model passes them
+    qkv = torch.randn(6, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    rotary = llama_rotary(hf, BOTH).to(dtype)
+    (nq, nk), (cq, ck) = rotary.forward_native(positions, q, k), rotary.forward_custom(positions, q, k)
+    torch.testing.assert_close(cq, nq, **EXACT)
+    torch.testing.assert_close(ck, nk, **EXACT)
+
+    cos, sin = LlamaRotaryEmbedding(hf)(q, positions[None])  # [1, T, D] each, in q's dtype
+    as_heads = lambda x, h: x.reshape(1, 6, h, d).transpose(1, 2)  # noqa: E731  [T, h*D] -> [1, h, T, D]
+    eq, ek = apply_rotary_pos_emb(as_heads(q, heads), as_heads(k, kv_heads), cos, sin)
+    torch.testing.assert_close(nq, eq.transpose(1, 2).reshape(6, heads * d))
+    torch.testing.assert_close(nk, ek.transpose(1, 2).reshape(6, kv_heads * d))

@@ -1,0 +1,162 @@
+"""ModelRunner: padding to capture sizes, batching, KV-cache decode, warm-up and input validation (CPU).
+
+Tolerances. These tests compare the same float32 model run two ways whose GEMMs and attention calls see
+different shapes (a batch vs one sequence, a padded vs an exact token count, a cached decode vs a full
+recompute). CPU kernels may then block their sums differently, which moves logits of order 1 by a few
+float32 ulps; torch's float32 defaults (rtol 1.3e-6, atol 1e-5) admit that. A real fault (a padding row
+read by attention, a key written to the wrong cache slot, a stale position) moves logits by > 1e-2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.helpers import build_llama, make_runner, mode_config, prefill_and_decode, small_llama_config, token_ids
+from reference.engine import ModelRunner
+
+HF = small_llama_config()
+RUNNER_MODES = ["eager", "no_inductor"]  # Inductor through the runner: test_equivalence (compiles are slow on CPU)
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    return [token_ids(n, HF.vocab_size, seed=seed + i) for i, n in enumerate(lengths)]
+
+
+# ---------------------------------------------------------------------- padding
+def test_padded_size_is_the_smallest_capture_size_that_fits():
+    runner = make_runner("no_inductor", HF, max_num_batched_tokens=40)
+    assert runner.capture_sizes == ()  # CPU: no CUDA graphs, so nothing to pad to
+    assert [runner.padded_size(n) for n in range(1, 41)] == list(range(1, 41))
+    sizes = (1, 2, 4, 8, 16, 24)
+    runner.capture_sizes = sizes  # what a CUDA runner with these capture sizes holds
+    for n in range(1, 41):
+        assert runner.padded_size(n) == min((s for s in sizes if s >= n), default=n), n
+
+
+@pytest.mark.gpu
+def test_capture_sizes_above_the_token_budget_are_dropped():
+    runner = make_runner(
+        "no_inductor", HF, device="cuda", dtype=torch.bfloat16, max_num_batched_tokens=20, max_cudagraph_capture_size=32
+    )
+    assert runner.capture_sizes == (1, 2, 4, 8, 16)
+    assert [runner.padded_size(n) for n in (3, 9, 16, 17, 20)] == [4, 16, 16, 17, 20]
+
+
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_padding_rows_do_not_change_the_real_rows(mode):
+    """A runner that pads (as on CUDA) gives the same logits as one that does not."""
+    plain, padded = make_runner(mode, HF), make_runner(mode, HF)
+    padded.capture_sizes = (4, 8, 16)  # pad as a CUDA runner with these capture sizes would
+    seen = []
+
+    class RecordSizes:  # stands in for the compiled model and records the token count of each call
+        def __init__(self, compiled):
+            self.compiled = compiled
+
+        @property
+        def awaits_trace(self):
+            return self.compiled.awaits_trace
+
+        def __call__(self, ids, positions):
+            seen.append(len(ids))
+            return self.compiled(ids, positions)
+
+    padded.compiled = RecordSizes(padded.compiled)
+    logits = prefill_and_decode({"plain": plain, "padded": padded}, _prompts([2, 5, 3]), 4, leader="plain")
+    assert seen == [16, 4, 4, 4, 4]  # 10 prompt tokens padded to 16, then 3 decode tokens padded to 4
+    for step, (expected, actual) in enumerate(zip(logits["plain"], logits["padded"])):
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"step {step}: {m}")
+
+
+# ---------------------------------------------------------------------- batching and the KV cache
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_a_batch_of_prompts_gives_each_prompt_its_own_logits(mode):
+    runner = make_runner(mode, HF)
+    prompts = _prompts([1, 6, 3, 9])
+    batched = runner.step(prompts, [0] * 4, [0, 1, 2, 3])
+    assert batched.shape == (4, HF.vocab_size) and batched.dtype == torch.float32
+    alone = torch.cat([runner.step([prompt], [0], [row]) for row, prompt in enumerate(prompts)])
+    torch.testing.assert_close(batched, alone)
+
+
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_decoding_from_the_kv_cache_matches_recomputing_the_whole_sequence(mode):
+    runner = make_runner(mode, HF, max_num_seqs=6)
+    rows = [2, 0]  # not consecutive, not in order: the cache is addressed by row, not by batch index
+    scratch = [1, 3]  # rows for the full recomputes
+    seqs = _prompts([4, 7])
+    logits = runner.step(seqs, [0, 0], rows)
+    for step in range(4):
+        nxt = logits.argmax(-1).tolist()
+        logits = runner.step([[t] for t in nxt], [len(s) for s in seqs], rows)
+        seqs = [s + [t] for s, t in zip(seqs, nxt)]
+        recomputed = runner.step(seqs, [0, 0], scratch)
+        torch.testing.assert_close(logits, recomputed, msg=lambda m: f"decode step {step}: {m}")
+
+    # one step that decodes sequence 0 and prefills a new sequence in row 4
+    newcomer = _prompts([3], seed=7)[0]
+    nxt = logits[0].argmax().item()
+    mixed = runner.step([[nxt], newcomer], [len(seqs[0]), 0], [rows[0], 4])
+    recomputed = runner.step([seqs[0] + [nxt], newcomer], [0, 0], [scratch[0], 5])
+    torch.testing.assert_close(mixed, recomputed)
+
+
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_warm_up_reports_its_cost_and_its_dummy_tokens_do_not_leak(mode):
+    warm, cold = make_runner(mode, HF), make_runner(mode, HF)
+    stats = warm.warm_up()
+    assert stats.compile_s > 0
+    assert (stats.capture_s, stats.graph_gib, stats.capture_sizes) == (0.0, 0.0, ())  # CPU: no graphs
+    prompts = _prompts([3, 5])
+    logits = prefill_and_decode({"warm": warm, "cold": cold}, prompts, 2, leader="cold")
+    for expected, actual in zip(logits["cold"], logits["warm"]):
+        torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("mode", ["no_inductor"])
+def test_the_first_step_may_be_a_single_token_without_warm_up(mode):
+    runner, eager = make_runner(mode, HF), make_runner("eager", HF)
+    torch.testing.assert_close(runner.step([[5]], [0], [0]), eager.step([[5]], [0], [0]))
+
+
+# ---------------------------------------------------------------------- bad input
+BAD_STEPS = [
+    pytest.param(
+        [[1] * 21], [0], [0], r"a step takes 1..20 tokens \(max_num_batched_tokens\), got 21", id="too_many_tokens"
+    ),
+    pytest.param([], [], [], r"a step takes 1..20 tokens \(max_num_batched_tokens\), got 0", id="no_tokens"),
+    pytest.param([[1, 2, 3]], [14], [0], r"seq_len \(17\) <= max_model_len \(16\)", id="past_max_model_len"),
+    pytest.param([[1], []], [0, 0], [0, 1], r"need 0 < query_len \(0\)", id="empty_sequence"),
+    pytest.param([[1], [2]], [0], [0, 1], "one entry per sequence", id="fewer_context_lens_than_sequences"),
+    pytest.param([[1], [2]], [0, 0], [0], "one entry per sequence", id="fewer_rows_than_sequences"),
+    pytest.param([[1]], [0], [2], r"rows: .*0\.\.1 \(max_num_seqs\), got \[2\]", id="row_past_max_num_seqs"),
+    pytest.param([[1]], [0], [-1], r"rows: .*0\.\.1 \(max_num_seqs\), got \[-1\]", id="negative_row"),
+    pytest.param([[1], [2]], [0, 0], [1, 1], r"rows: expected distinct .*got \[1, 1\]", id="two_sequences_one_row"),
+    pytest.param(
+        [[HF.vocab_size]],
+        [0],
+        [0],
+        r"token ids: expected ints in 0\.\.127",
+        id="token_id_past_vocab",
+    ),
+]
+
+
+@pytest.mark.parametrize("new_tokens, context_lens, rows, message", BAD_STEPS)
+def test_a_bad_step_raises_value_error_naming_the_limit_and_leaves_the_runner_usable(
+    new_tokens, context_lens, rows, message
+):
+    runner = make_runner("eager", HF, max_num_seqs=2, max_model_len=16, max_num_batched_tokens=20)
+    expected = runner.step([[5, 6]], [0], [1])
+    with pytest.raises(ValueError, match=message):
+        runner.step(new_tokens, context_lens, rows)
+    torch.testing.assert_close(runner.step([[5, 6]], [0], [1]), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_model_len"])
+def test_a_runner_needs_positive_sizes(field):
+    config = mode_config("eager")
+    sizes = {"max_num_seqs": 2, "max_model_len": 16, field: 0}
+    with pytest.raises(ValueError, match=f"{field}: expected a positive int, got 0"):
+        ModelRunner(build_llama(HF, config), config, **sizes)

@@ -1,0 +1,232 @@
+"""Structure: what the pipeline traced, split, compiled and captured, read from the compilation counters.
+
+The counters are asserted as exact deltas around a block (``expect_counters``), so each test states what
+one model compilation must do, independent of Inductor's output and of timing. CUDA-graph captures
+happen only on CUDA: the ``cpu`` cases expect 0 captures and the RuntimeWarning saying so, the ``cuda``
+cases (marked gpu) expect one capture per capturable piece and capture size.
+
+Call pattern for a capture size with the default ``cudagraph_num_of_warmups=1``: the first call at the
+size is a warm-up (for the first size of all it is also the tracing call), the second captures, later
+calls replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+from conformance.helpers import COMPILED_MODES, StaticTokens, mode_config
+from reference.compilation import compilation_counter, compile_model, expect_counters
+from reference.compilation.compile_piece import example_inputs
+from reference.compilation.split import op_name
+from reference.config import CompilationConfig, ConfigError
+from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
+from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, toy_llama_config
+from reference.ops import CustomOpSelection
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+NO_GRAPHS_ON_CPU = r"not on a CUDA device.*without graphs"
+
+
+def _counts(*, graphs: int, pieces: int, capturable: int, inductor: bool, captures: int) -> dict[str, int]:
+    """Counter deltas for ``graphs`` Dynamo graphs split into ``pieces`` (``capturable`` of them compiled)."""
+    return dict(
+        num_graphs_seen=graphs,
+        num_piecewise_graphs_seen=pieces,
+        num_piecewise_capturable_graphs_seen=capturable,
+        num_backend_compilations=capturable,
+        num_inductor_compiles=capturable if inductor else 0,
+        num_eager_compiles=0 if inductor else capturable,
+        num_cudagraph_captured=captures,
+    )
+
+
+def _no_graph_warning_on_cpu(device: str):
+    """On CPU the first (compiling) call must warn that no CUDA graphs will be captured."""
+    return pytest.warns(RuntimeWarning, match=NO_GRAPHS_ON_CPU) if device == "cpu" else contextlib.nullcontext()
+
+
+def _check_silly(compiled, buffer: torch.Tensor, size: int) -> None:
+    """Run the silly model on ``size`` fresh rows of the static ``buffer`` and compare with its closed form.
+
+    Exact: every operation of the closed form is the same IEEE operation, in the same order, as the model's
+    (``(a + a) + a`` and ``3 * a`` round the same exact value ``3a`` once).
+    """
+    x = buffer[:size]
+    x.copy_(torch.randn(x.shape))
+    torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------- silly model (level 3)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_silly_model_splits_into_five_pieces_and_captures_three_per_size(mode, device):
+    config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[1, 2])
+    compiled = compile_model(SillyModel(), config)
+    buffer = torch.zeros(2, 8, device=device)
+    captures = 3 * 2 if device == "cuda" else 0
+    with expect_counters(**_counts(graphs=1, pieces=5, capturable=3, inductor=mode == "inductor", captures=captures)):
+        with _no_graph_warning_on_cpu(device):
+            _check_silly(compiled, buffer, 2)  # trace + warm-up of size 2
+        for size in (2, 1, 1):  # capture 2, warm up 1, capture 1
+            _check_silly(compiled, buffer, size)
+    with expect_counters(**_counts(graphs=0, pieces=0, capturable=0, inductor=False, captures=0)):
+        for size in (2, 1, 2):  # replays: nothing is traced, compiled or captured again
+            _check_silly(compiled, buffer, size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_level3_without_cuda_graphs_compiles_the_pieces_and_captures_nothing(device):
+    config = CompilationConfig(use_inductor=False, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_mode="none")
+    compiled = compile_model(SillyModel(), config)
+    buffer = torch.zeros(4, 8, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing to warn about: no graphs were asked for
+        with expect_counters(**_counts(graphs=1, pieces=5, capturable=3, inductor=False, captures=0)):
+            for size in (4, 2, 2, 2, 1, 1):
+                _check_silly(compiled, buffer, size)
+
+
+def test_an_unregistered_splitting_op_is_a_config_error_not_a_dynamo_error():
+    config = CompilationConfig(use_inductor=False, splitting_ops=["reference::no_such_op"])
+    message = "splitting_ops: 'reference::no_such_op' is not a registered torch.library op"
+    with pytest.raises(ConfigError, match=message):
+        compile_model(SillyModel(), config)(torch.randn(2, 8))
+
+
+# ---------------------------------------------------------------------- toy Llama (level 3)
+def _run_toy(compiled, tokens: StaticTokens, sizes) -> None:
+    with torch.no_grad():
+        for size in sizes:
+            compiled(*tokens(list(range(size))))
+
+
+TOY_CASES = [("no_inductor", 1), ("no_inductor", 3), ("inductor", 1)]  # Inductor is slow on CPU: one small case
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode, num_layers", TOY_CASES, ids=[f"{m}-{n}layers" for m, n in TOY_CASES])
+def test_toy_llama_splits_at_each_attention(mode, num_layers, device):
+    """N attention calls split the graph into 2N + 1 pieces; the N + 1 between them are compiled and captured."""
+    sizes = (2, 4)
+    config = mode_config(mode, splitting_ops=TOY_SPLITTING_OPS, cudagraph_capture_sizes=list(sizes))
+    compiled = compile_model(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)).to(device), config)
+    tokens = StaticTokens(max(sizes), device)
+    n, inductor = num_layers, mode == "inductor"
+    captures = (n + 1) * len(sizes) if device == "cuda" else 0
+    with expect_counters(**_counts(graphs=1, pieces=2 * n + 1, capturable=n + 1, inductor=inductor, captures=captures)):
+        with _no_graph_warning_on_cpu(device):
+            _run_toy(compiled, tokens, [4])  # trace + warm-up of size 4
+        _run_toy(compiled, tokens, [4, 2, 2, 3])  # capture 4, warm up 2, capture 2, size 3 runs without a graph
+    with expect_counters(**_counts(graphs=0, pieces=0, capturable=0, inductor=False, captures=0)):
+        _run_toy(compiled, tokens, [2, 4, 3])
+
+
+UNSPLIT_CASES = [
+    pytest.param("no_inductor", "cpu", id="no_inductor-cpu"),
+    pytest.param("no_inductor", "cuda", id="no_inductor-cuda", marks=pytest.mark.gpu),
+    pytest.param("inductor", "cuda", id="inductor-cuda", marks=pytest.mark.gpu),  # on CPU: see test_equivalence
+]
+
+
+@pytest.mark.parametrize("mode, device", UNSPLIT_CASES)
+def test_toy_llama_without_splitting_ops_is_one_piece_captured_once_per_size(mode, device):
+    sizes = (2, 4)
+    config = mode_config(mode, splitting_ops=[], cudagraph_capture_sizes=list(sizes))
+    compiled = compile_model(ToyLlama(toy_llama_config(2), CustomOpSelection(config)).to(device), config)
+    tokens = StaticTokens(max(sizes), device)
+    captures = len(sizes) if device == "cuda" else 0
+    with expect_counters(**_counts(graphs=1, pieces=1, capturable=1, inductor=mode == "inductor", captures=captures)):
+        with _no_graph_warning_on_cpu(device):
+            _run_toy(compiled, tokens, [4])
+        _run_toy(compiled, tokens, [4, 2, 2, 2])
+
+
+@pytest.mark.parametrize("custom_ops", [["all"], ["none"]], ids=["custom_ops=all", "custom_ops=none"])
+def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_ops):
+    num_layers = 2
+    config = CompilationConfig(use_inductor=False, custom_ops=custom_ops, splitting_ops=TOY_SPLITTING_OPS)
+    compiled = compile_model(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)), config)
+    with pytest.warns(RuntimeWarning, match=NO_GRAPHS_ON_CPU):
+        _run_toy(compiled, StaticTokens(4), [4])
+    ops = Counter(
+        op_name(node.target)
+        for piece in compiled.backend.pieces
+        for node in piece.module.graph.nodes
+        if node.op == "call_function" and (op_name(node.target) or "").startswith("reference::")
+    )
+    per_model = {"reference::toy_attention": num_layers}
+    if custom_ops == ["all"]:
+        per_model |= {
+            "reference::rms_norm": 1,  # the first layer's input norm has no residual to add yet
+            "reference::fused_add_rms_norm": 2 * num_layers,  # the other per-layer norms and the final norm
+            "reference::silu_and_mul": num_layers,
+            "reference::rotary_embedding": num_layers,  # one shared table, called by every layer
+        }
+    assert ops == Counter(per_model)
+
+
+# ---------------------------------------------------------------------- levels 1 and 2
+USE_INDUCTOR = pytest.mark.parametrize("use_inductor", [False, True], ids=["use_inductor=False", "use_inductor=True"])
+
+
+@USE_INDUCTOR
+def test_level1_compiles_whole_graphs_and_recompiles_for_new_sizes(use_inductor):
+    compiled = compile_model(SillyModel(), CompilationConfig(level=1, use_inductor=use_inductor))
+    before = compilation_counter.snapshot()
+    for size in (2, 5, 1, 16):  # 1 token: Dynamo specialises sizes 0 and 1
+        x = torch.randn(size, 8)
+        torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+    after = compilation_counter.snapshot()
+    graphs = after.num_graphs_seen - before.num_graphs_seen
+    assert graphs >= 2, "Dynamo with guards must have recompiled for a new size"
+    for name in ("num_piecewise_graphs_seen", "num_piecewise_capturable_graphs_seen", "num_backend_compilations"):
+        assert getattr(after, name) - getattr(before, name) == graphs, f"{name}: one whole-graph piece per graph"
+    assert after.num_cudagraph_captured == before.num_cudagraph_captured
+
+
+@USE_INDUCTOR
+def test_level2_traces_once_for_every_size(use_inductor):
+    compiled = compile_model(SillyModel(), CompilationConfig(level=2, use_inductor=use_inductor))
+    with expect_counters(**_counts(graphs=1, pieces=1, capturable=1, inductor=use_inductor, captures=0)):
+        for size in (2, 5, 1, 16, 3):
+            x = torch.randn(size, 8)
+            torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+    (piece,) = compiled.backend.pieces
+    assert any(isinstance(v, torch.SymInt) for v in example_inputs(piece.module)), "traced for a symbolic size"
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_a_first_call_with_one_token_is_refused_and_leaves_the_model_usable(level):
+    config = CompilationConfig(level=level, use_inductor=False, cudagraph_mode="none")
+    compiled = compile_model(SillyModel(), config)
+    message = r"first call traces the model and needs at least 2 tokens.*got shape \(1, 8\)"
+    with pytest.raises(ValueError, match=message):
+        compiled(torch.randn(1, 8))
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "other", [torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 9)], ids=["other_dtype", "other_hidden_size"]
+)
+def test_a_call_unlike_the_traced_one_raises_type_error(other):
+    compiled = compile_model(SillyModel(), CompilationConfig(level=2, use_inductor=False))
+    compiled(torch.randn(4, 8))
+    with expect_counters(num_graphs_seen=0):
+        with pytest.raises(TypeError, match="another dtype, device or non-token shape than the first call"):
+            compiled(other)
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_a_retrace_after_a_dynamo_reset_is_refused_with_a_clear_error(level):
+    """With guards dropped, a second trace would be fixed to one size and then serve every size."""
+    compiled = compile_model(SillyModel(), CompilationConfig(level=level, use_inductor=False, cudagraph_mode="none"))
+    compiled(torch.randn(4, 8))
+    torch._dynamo.reset()  # as a test harness or another library may do
+    with pytest.raises(RuntimeError, match=r"traced a second time.*torch._dynamo.reset\(\)"):
+        compiled(torch.randn(3, 8))
