@@ -57,6 +57,11 @@ class CompiledModel:
                 options={"guard_filter_fn": lambda guards: [False] * len(guards)},
             )
 
+    @property
+    def awaits_trace(self) -> bool:
+        """True until the first call has traced the model (levels 2-3 need >= 2 tokens for it)."""
+        return self.config.level >= 2 and self._signature is None
+
     def __call__(self, *args):
         if self.config.level >= 2:
             self._check_or_mark_dynamic(args)

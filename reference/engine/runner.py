@@ -50,7 +50,8 @@ class ModelRunner:
     """Owns a model's compiled forward, its KV cache and its static input buffers.
 
     Args:
-        model: has ``forward(input_ids [T] int64, positions [T] int64) -> [T, H]`` and
+        model: has a transformers ``config`` (for ``vocab_size``),
+            ``forward(input_ids [T] int64, positions [T] int64) -> [T, H]`` and
             ``compute_logits(hidden [N, H]) -> [N, V]``; its :class:`~reference.ops.Attention` layers get
             a KV cache each.
         config: compilation settings (already resolved; apply ``enforce_eager`` before).
@@ -78,6 +79,7 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.model, self.config = model, config
+        self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
         self.compiled = compile_model(model, config)
@@ -109,7 +111,8 @@ class ModelRunner:
 
         Raises:
             ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, a sequence past
-                ``max_model_len``, or rows that repeat or lie outside ``0..max_num_seqs - 1``.
+                ``max_model_len``, a token id outside the vocabulary, or rows that repeat or lie outside
+                ``0..max_num_seqs - 1``.
         """
         hidden = self.forward(new_tokens, context_lens, rows)
         (ends,) = int_lists_to_device([list(itertools.accumulate(map(len, new_tokens)))], self.device)
@@ -123,6 +126,9 @@ class ModelRunner:
         n = len(ids)
         if not 0 < n <= self.max_num_tokens:
             raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            # checked here: the embedding would index out of range (a device-side assert on CUDA)
+            raise ValueError(f"token ids: expected ints in 0..{self.vocab_size - 1}, got {sorted(set(ids))[-1]}")
         if len(set(rows)) != len(rows) or not all(0 <= r < self.max_num_seqs for r in rows):
             # checked here: a bad row would index past the KV cache (a device-side assert on CUDA)
             raise ValueError(
@@ -136,6 +142,8 @@ class ModelRunner:
         self.input_ids[:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
         size = self.padded_size(n)
+        if self.compiled.awaits_trace:
+            size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
         with set_forward_context(ForwardContext(metadata, self.attention_layers)):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
         return hidden[:n]
