@@ -1,6 +1,6 @@
 """Shared pieces of the core conformance tests: the model modes, small models, static inputs, error measures.
 
-Model modes (the names test ids, the CLI and the docs use):
+Model modes (the names test ids, the CLI and the docs use) are ``reference.config.MODES``:
 
 * ``eager``: ``enforce_eager``, i.e. level 0, no CUDA graphs; custom ops default to all.
 * ``no_inductor``: level 3, ``use_inductor=False``, ``custom_ops=['all']``: the pieces stay eager FX code
@@ -14,28 +14,14 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig
 
-from reference.config import CompilationConfig
+from reference.config import MODES as MODE_FIELDS
+from reference.config import CompilationConfig, mode_config
 from reference.engine import ModelRunner
 from reference.models.llama import LlamaForCausalLM
 from reference.ops import CustomOpSelection
 
-MODES = ("eager", "no_inductor", "inductor")
-COMPILED_MODES = ("no_inductor", "inductor")
-_MODE_SETTINGS = {
-    "eager": {},  # made eager by for_eager() below, as enforce_eager does
-    "no_inductor": {"use_inductor": False, "custom_ops": ["all"]},
-    "inductor": {"use_inductor": True},
-}
-
-
-def mode_config(mode: str, **overrides) -> CompilationConfig:
-    """The :class:`CompilationConfig` of model mode ``mode`` with ``overrides`` applied.
-
-    For ``eager`` the overrides are applied to the level-3 defaults and then ``for_eager()`` is taken, so
-    piecewise-only settings (splitting ops) fall away exactly as with ``enforce_eager``.
-    """
-    config = CompilationConfig(**{**_MODE_SETTINGS[mode], **overrides})
-    return config.for_eager() if mode == "eager" else config
+MODES = tuple(MODE_FIELDS)
+COMPILED_MODES = tuple(m for m in MODES if m != "eager")
 
 
 def small_llama_config(**overrides) -> LlamaConfig:

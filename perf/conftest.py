@@ -16,7 +16,7 @@ import torch
 from pytest_benchmark.utils import get_tag
 
 from reference.compilation.counters import CompilationCounter, compilation_counter
-from reference.config import CompilationConfig, default_capture_sizes
+from reference.config import MODES, CompilationConfig, default_capture_sizes, mode_config
 from reference.engine import ModelRunner
 from reference.models import registry
 from reference.ops import Attention, CustomOpSelection
@@ -24,15 +24,9 @@ from reference.ops import Attention, CustomOpSelection
 # Mode name (used in test ids) -> its compilation config for a decode batch of `batch_size` sequences.
 # Capture sizes are the default pattern up to the decode batch (1, 2, 4, 8 for B=8): decode steps replay
 # graphs; prefills (B * input_len tokens) are larger and run the compiled pieces without graphs.
-MODES = {
-    "eager": lambda batch_size: CompilationConfig().for_eager(),
-    "no_inductor": lambda batch_size: CompilationConfig(
-        level=3, use_inductor=False, custom_ops=["all"], cudagraph_capture_sizes=default_capture_sizes(batch_size)
-    ),
-    "inductor": lambda batch_size: CompilationConfig(
-        level=3, use_inductor=True, cudagraph_capture_sizes=default_capture_sizes(batch_size)
-    ),
-}
+def mode_config_for(mode: str, batch_size: int) -> CompilationConfig:
+    return mode_config(mode, cudagraph_capture_sizes=default_capture_sizes(batch_size))
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
 DEFAULT_MODEL = "llama-tiny"
@@ -184,7 +178,7 @@ def base_model(perf_settings) -> torch.nn.Module:
     """
     s = perf_settings
     model = registry.build_model(
-        s.model, CustomOpSelection(MODES["eager"](s.batch_size)), dtype=s.dtype, device=s.device
+        s.model, CustomOpSelection(mode_config_for("eager", s.batch_size)), dtype=s.dtype, device=s.device
     )
     if not any(isinstance(m, Attention) for m in model.modules()):
         raise ValueError(
@@ -198,7 +192,7 @@ def base_model(perf_settings) -> torch.nn.Module:
 def perf_run(request, perf_settings, base_model):
     """One :class:`PerfRun` per mode, alive while that mode's tests run (pytest groups tests by mode)."""
     mode, s = request.param, perf_settings
-    config = MODES[mode](s.batch_size)
+    config = mode_config_for(mode, s.batch_size)
     torch._dynamo.reset()  # nothing compiled for another mode may be reused
     model = registry.build_model(
         s.model, CustomOpSelection(config), dtype=s.dtype, device=s.device, share_weights_with=base_model

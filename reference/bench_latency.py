@@ -38,16 +38,17 @@ import torch
 import transformers
 
 from reference.baselines import BASELINES, build_hf_model, make_baseline
+from reference.config import MODES as MODE_FIELDS
 from reference.config import CompilationConfig, ConfigError
 from reference.engine.llm import DTYPES, LLM, compilation_fields
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
 
-# mode -> LLM keyword arguments. vLLM users know them as --enforce-eager and two -O configs.
+# mode -> LLM keyword arguments (from reference.config.MODES). vLLM users know them as --enforce-eager
+# and two -O configs.
 MODES: dict[str, dict[str, Any]] = {
-    "eager": {"enforce_eager": True},
-    "no_inductor": {"compilation_config": {"level": 3, "use_inductor": False, "custom_ops": ["all"]}},
-    "inductor": {"compilation_config": {"level": 3, "use_inductor": True}},
+    mode: {"enforce_eager": True} if mode == "eager" else {"compilation_config": dict(fields)}
+    for mode, fields in MODE_FIELDS.items()
 }
 DEFAULT_RESULTS_DIR = "perf/results"
 COPY_BYTES = 2**30  # bandwidth probe: large enough that launch overhead is negligible

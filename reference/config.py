@@ -29,6 +29,13 @@ LEVELS = {
     3: "piecewise: one trace, split at splitting ops, pieces compiled and captured as CUDA graphs",
 }
 CUDAGRAPH_MODES = ("none", "piecewise")
+# The three model modes the project compares (test ids, `bench_latency --modes`, result tables), as
+# config fields. "eager" is enforce_eager: `for_eager()` of the defaults, so custom ops default to all.
+MODES: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "no_inductor": {"level": 3, "use_inductor": False, "custom_ops": ["all"]},
+    "inductor": {"level": 3, "use_inductor": True},
+}
 # Fields whose default depends on other fields; remembered so `for_eager` can tell a user's choice
 # from a default it may override.
 _DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
@@ -237,6 +244,21 @@ class CompilationConfig:
         if unknown:
             raise ConfigError(f"compilation config: unknown key(s) {unknown}; known keys: {sorted(known)}")
         return cls(**value)
+
+
+def mode_config(mode: str, **overrides: Any) -> CompilationConfig:
+    """The :class:`CompilationConfig` of model mode ``mode`` (a key of ``MODES``) with ``overrides``.
+
+    For ``eager`` the overrides apply to the defaults and ``for_eager()`` follows, as with
+    ``enforce_eager``, so piecewise-only settings fall away.
+
+    Raises:
+        ConfigError: an unknown mode (the message lists the modes) or an invalid override.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    config = CompilationConfig(**{**MODES[mode], **overrides})
+    return config.for_eager() if mode == "eager" else config
 
 
 # ---------------------------------------------------------------------- helpers
