@@ -1,7 +1,28 @@
-"""Shared pytest setup: the `gpu` marker skips without CUDA; compiled state is reset between tests."""
+"""Shared pytest setup: the `gpu` marker skips without CUDA; compiled state is reset between tests.
+
+``REFERENCE_REQUIRE_CUDA=1`` (set by ``tox -e gpu``) turns a missing CUDA device into an error at the
+start of the run: on the GPU machine, a torch that cannot see the device (a CPU build picked up by
+mistake, a hidden device) would otherwise skip every gpu test and still pass.
+"""
+
+import os
 
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    # Under pytest-xdist every worker would start as many intra-op threads as the machine has cores; on
+    # CI's two cores two workers would then run four busy threads. Give each worker its share instead.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+    if os.environ.get("REFERENCE_REQUIRE_CUDA", "0") not in ("0", "") and not torch.cuda.is_available():
+        raise pytest.UsageError(
+            f"REFERENCE_REQUIRE_CUDA={os.environ['REFERENCE_REQUIRE_CUDA']} but torch {torch.__version__} "
+            f"(from {os.path.dirname(torch.__file__)}, CUDA build: {torch.version.cuda}) sees no CUDA device; "
+            "run on a GPU machine with a CUDA build of torch, or set REFERENCE_REQUIRE_CUDA=0 to let gpu tests skip"
+        )
 
 
 def pytest_collection_modifyitems(config, items):
