@@ -61,7 +61,7 @@ def test_parsing_never_evaluates_code(tmp_path):
         ("{level: 3}", "neither JSON, a Python literal nor a level digit"),
         ("[1, 2]", "expected a dict, a JSON or Python-literal string, or a level digit; got list"),
         ("3.0", "expected a dict, a JSON or Python-literal string, or a level digit; got float"),
-        ("-1", "expected a dict, a JSON or Python-literal string, or a level digit; got int"),
+        ("-1", r"level: expected one of \[0, 1, 2, 3\], got -1"),
         ("7", r"level: expected one of \[0, 1, 2, 3\], got 7"),
         # literal_eval raises TypeError (not ValueError) for unhashable dict keys and set items
         ("{['level']: 3}", "neither JSON, a Python literal nor a level digit"),
@@ -121,13 +121,13 @@ WRONG_VALUES = [
     ("cudagraph_mode", False, r"cudagraph_mode: expected one of \['none', 'piecewise'\], got False"),
     ("cudagraph_capture_sizes", "1,2,4", "cudagraph_capture_sizes: expected a list of positive ints, got '1,2,4'"),
     ("cudagraph_capture_sizes", 8, "cudagraph_capture_sizes: expected a list of positive ints, got 8"),
-    ("cudagraph_capture_sizes", [1, "2"], "cudagraph_capture_sizes: expected an int >= 1, got '2'"),
-    ("cudagraph_capture_sizes", [0, 1], "cudagraph_capture_sizes: expected an int >= 1, got 0"),
-    ("cudagraph_capture_sizes", [1, True], "cudagraph_capture_sizes: expected an int >= 1, got True"),
-    ("cudagraph_capture_sizes", [1, 2.0], "cudagraph_capture_sizes: expected an int >= 1, got 2.0"),
-    ("max_cudagraph_capture_size", 0, "max_cudagraph_capture_size: expected an int >= 1, got 0"),
-    ("max_cudagraph_capture_size", "8", "max_cudagraph_capture_size: expected an int >= 1, got '8'"),
-    ("max_cudagraph_capture_size", 8.0, "max_cudagraph_capture_size: expected an int >= 1, got 8.0"),
+    ("cudagraph_capture_sizes", [1, "2"], "cudagraph_capture_sizes: expected an int in 1..65536, got '2'"),
+    ("cudagraph_capture_sizes", [0, 1], "cudagraph_capture_sizes: expected an int in 1..65536, got 0"),
+    ("cudagraph_capture_sizes", [1, True], "cudagraph_capture_sizes: expected an int in 1..65536, got True"),
+    ("cudagraph_capture_sizes", [1, 2.0], "cudagraph_capture_sizes: expected an int in 1..65536, got 2.0"),
+    ("max_cudagraph_capture_size", 0, "max_cudagraph_capture_size: expected an int in 1..65536, got 0"),
+    ("max_cudagraph_capture_size", "8", "max_cudagraph_capture_size: expected an int in 1..65536, got '8'"),
+    ("max_cudagraph_capture_size", 8.0, "max_cudagraph_capture_size: expected an int in 1..65536, got 8.0"),
     ("cudagraph_num_of_warmups", -1, "cudagraph_num_of_warmups: expected an int >= 0, got -1"),
     ("cudagraph_num_of_warmups", 1.5, "cudagraph_num_of_warmups: expected an int >= 0, got 1.5"),
     ("inductor_compile_config", "max_autotune", "inductor_compile_config: expected a dict with string keys"),
@@ -284,3 +284,46 @@ def test_for_eager_refuses_explicit_compilation_settings(settings, message):
 def test_for_eager_accepts_explicit_eager_settings():
     assert CompilationConfig.parse({"level": 0}).for_eager().level == 0
     assert CompilationConfig.parse({"cudagraph_mode": "none"}).for_eager().level == 0
+
+
+@pytest.mark.parametrize(
+    "patches, message",
+    [
+        ({"no_such_option": 1}, "'no_such_option' is not an Inductor config option"),
+        ({"max_autotun": True}, "did you mean"),
+        ({"max_autotune": "yes"}, "'max_autotune' expects bool"),
+    ],
+    ids=["unknown_key", "misspelt_key", "wrong_type"],
+)
+def test_inductor_compile_config_is_checked_against_inductor_options(patches, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig(inductor_compile_config=patches)
+
+
+def test_valid_inductor_compile_config_passes():
+    config = CompilationConfig(inductor_compile_config={"max_autotune": True, "triton.cudagraphs": False})
+    assert config.inductor_compile_config == {"max_autotune": True, "triton.cudagraphs": False}
+
+
+@pytest.mark.parametrize("field", ["max_cudagraph_capture_size", "cudagraph_capture_sizes"])
+def test_capture_sizes_are_bounded(field):
+    value = 10**9 if field == "max_cudagraph_capture_size" else [1, 10**9]
+    with pytest.raises(ConfigError, match=f"{field}: expected an int in 1..65536"):
+        CompilationConfig(**{field: value})
+
+
+@pytest.mark.parametrize("text", ["²", "٣"])
+def test_only_ascii_digits_are_levels(text):
+    with pytest.raises(ConfigError, match="neither JSON"):
+        CompilationConfig.parse(text)
+
+
+def test_an_unregistered_splitting_op_is_refused_when_the_config_is_built():
+    with pytest.raises(ConfigError, match="'foo::bar' is not a registered torch.library op"):
+        CompilationConfig(splitting_ops=["foo::bar"])
+
+
+def test_error_messages_cut_long_input():
+    with pytest.raises(ConfigError) as err:
+        CompilationConfig.parse("x" * 100_000)
+    assert len(str(err.value)) < 400

@@ -160,3 +160,11 @@ def test_a_runner_needs_positive_sizes(field):
     sizes = {"max_num_seqs": 2, "max_model_len": 16, field: 0}
     with pytest.raises(ValueError, match=f"{field}: expected a positive int, got 0"):
         ModelRunner(build_llama(HF, config), config, **sizes)
+
+
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_a_runner_of_one_token_per_step_warms_up_and_steps(mode):
+    """Compiled levels trace with 2 tokens; the runner pads that call even when steps hold one token."""
+    runner = make_runner(mode, HF, max_num_seqs=1, max_num_batched_tokens=1)
+    runner.warm_up()
+    assert runner.step([[5]], [0], [0]).shape == (1, HF.vocab_size)

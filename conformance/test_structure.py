@@ -91,13 +91,6 @@ def test_level3_without_cuda_graphs_compiles_the_pieces_and_captures_nothing(dev
                 _check_silly(compiled, buffer, size)
 
 
-def test_an_unregistered_splitting_op_is_a_config_error_not_a_dynamo_error():
-    config = CompilationConfig(use_inductor=False, splitting_ops=["reference::no_such_op"])
-    message = "splitting_ops: 'reference::no_such_op' is not a registered torch.library op"
-    with pytest.raises(ConfigError, match=message):
-        compile_model(SillyModel(), config)(torch.randn(2, 8))
-
-
 # ---------------------------------------------------------------------- toy Llama (level 3)
 def _run_toy(compiled, tokens: StaticTokens, sizes) -> None:
     with torch.no_grad():
@@ -230,3 +223,38 @@ def test_a_retrace_after_a_dynamo_reset_is_refused_with_a_clear_error(level):
     torch._dynamo.reset()  # as a test harness or another library may do
     with pytest.raises(RuntimeError, match=r"traced a second time.*torch._dynamo.reset\(\)"):
         compiled(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_many_compiled_models_of_one_class_each_trace_once(level):
+    """Dynamo caches compiled code per code object; models of one class share ``forward``'s code, so
+    without care the ninth model hits Dynamo's recompile limit (a hard error with fullgraph=True)."""
+    split = {"splitting_ops": SILLY_SPLITTING_OPS} if level == 3 else {}
+    config = CompilationConfig(level=level, use_inductor=False, **split)
+    x = torch.randn(4, 3)
+    with expect_counters(num_graphs_seen=12):
+        for _ in range(12):
+            compiled = compile_model(SillyModel(), config)
+            torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+            torch.testing.assert_close(compiled(x[:2]), expected_output(x[:2]), rtol=0, atol=0)
+
+
+def test_a_splitting_op_that_returns_tensors_is_refused_with_cuda_graphs():
+    """Its output would be allocated outside the graph pool and move between replays."""
+    from reference.compilation.backend import _check_writes_into_buffers
+    from reference.compilation.split import split_graph
+
+    def forward(x, w):
+        return torch.ops.reference.rms_norm(x * 2, w, 1e-6, 0.0) + 1
+
+    gm = torch.fx.symbolic_trace(forward)
+    _, pieces = split_graph(gm, ("reference::rms_norm",))
+    (norm_piece,) = [p for p in pieces if p.is_splitting_op]
+    with pytest.raises(ConfigError, match="'reference::rms_norm' returns tensors"):
+        _check_writes_into_buffers(norm_piece)
+
+
+def test_splitting_ops_absent_from_the_graph_are_reported():
+    config = CompilationConfig(level=3, use_inductor=False, splitting_ops=["reference::toy_attention"])
+    with pytest.warns(RuntimeWarning, match="none of splitting_ops"):
+        compile_model(SillyModel(), config)(torch.randn(4, 3))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -36,6 +37,9 @@ MODES: dict[str, dict[str, Any]] = {
     "no_inductor": {"level": 3, "use_inductor": False, "custom_ops": ["all"]},
     "inductor": {"level": 3, "use_inductor": True},
 }
+# Largest allowed capture size (tokens): far above any single-GPU step; the bound only stops a typo from
+# building a list of millions of sizes.
+MAX_CAPTURE_SIZE = 65536
 # Fields whose default depends on other fields; remembered so `for_eager` can tell a user's choice
 # from a default it may override.
 _DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
@@ -113,12 +117,7 @@ class CompilationConfig:
         set_(self, "custom_ops", _string_tuple("custom_ops", self.custom_ops))
         _validate_custom_ops(self.custom_ops)
         set_(self, "splitting_ops", _string_tuple("splitting_ops", self.splitting_ops))
-        for name in self.splitting_ops:
-            if name.count("::") != 1 or not all(name.split("::")):
-                raise ConfigError(
-                    f"splitting_ops: {name!r} is not a qualified op name; expected 'namespace::op', "
-                    f"e.g. {ATTENTION_OP!r}"
-                )
+        _validate_splitting_ops(self.splitting_ops)
         if self.cudagraph_mode is None:
             set_(self, "cudagraph_mode", "piecewise" if self.level == 3 else "none")
         _check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
@@ -129,22 +128,23 @@ class CompilationConfig:
         ):
             raise ConfigError(
                 "inductor_compile_config: expected a dict with string keys (Inductor config names), "
-                f"got {self.inductor_compile_config!r}"
+                f"got {_short(self.inductor_compile_config)}"
             )
         set_(self, "inductor_compile_config", dict(self.inductor_compile_config))
+        _validate_inductor_config(self.inductor_compile_config)
         self._check_contradictions()
 
     def _resolve_capture_sizes(self) -> None:
         sizes, max_size = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
         if max_size is not None:
-            _check_int("max_cudagraph_capture_size", max_size, minimum=1)
+            _check_int("max_cudagraph_capture_size", max_size, minimum=1, maximum=MAX_CAPTURE_SIZE)
         if sizes is None:
             sizes = default_capture_sizes(512 if max_size is None else max_size)
         else:
             if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
-                raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {sizes!r}")
+                raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {_short(sizes)}")
             for s in sizes:
-                _check_int("cudagraph_capture_sizes", s, minimum=1)
+                _check_int("cudagraph_capture_sizes", s, minimum=1, maximum=MAX_CAPTURE_SIZE)
             sizes = tuple(sorted(set(sizes)))
             largest = max(sizes, default="none: the list is empty")
             if max_size is not None and largest != max_size:
@@ -237,7 +237,7 @@ class CompilationConfig:
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
-                f"got {type(value).__name__}: {value!r}"
+                f"got {type(value).__name__}: {_short(value)}"
             )
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(value) - known, key=repr)  # keys of a literal dict may be of mixed types
@@ -256,7 +256,7 @@ def mode_config(mode: str, **overrides: Any) -> CompilationConfig:
         ConfigError: an unknown mode (the message lists the modes) or an invalid override.
     """
     if mode not in MODES:
-        raise ConfigError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+        raise ConfigError(f"mode: expected one of {list(MODES)}, got {_short(mode)}")
     config = CompilationConfig(**{**MODES[mode], **overrides})
     return config.for_eager() if mode == "eager" else config
 
@@ -269,7 +269,7 @@ def parse_config_text(text: str) -> Any:
         ConfigError: the text is none of these (``eval`` is never used).
     """
     text = text.strip()
-    if text.isdigit():
+    if re.fullmatch(r"-?[0-9]+", text):  # ASCII digits only: str.isdigit() also accepts '²' and '٣'
         return {"level": int(text)}
     try:
         return json.loads(text)
@@ -280,33 +280,93 @@ def parse_config_text(text: str) -> Any:
     # TypeError: unhashable dict key or set item; RecursionError/MemoryError: absurdly deep nesting
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as err:
         raise ConfigError(
-            f"compilation config: {text!r} is neither JSON, a Python literal nor a level digit ({err})"
+            f"compilation config: {_short(text)} is neither JSON, a Python literal nor a level digit "
+            f"({type(err).__name__})"
         ) from None
 
 
 def _check_type(name: str, value: Any, typ: type) -> None:
     if not isinstance(value, typ):
-        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {_short(value)}")
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}: expected an int >= {minimum}, got {value!r}")
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ConfigError(f"{name}: expected an int {allowed}, got {_short(value)}")
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
     # type check first: 3.0 == 3 and True == 1, but neither is the int level 3 or 1
     if isinstance(value, bool) or type(value) not in {type(a) for a in allowed} or value not in allowed:
-        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {value!r}")
+        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {_short(value)}")
 
 
 def _string_tuple(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+        raise ConfigError(f"{name}: expected a list of strings, got {_short(value)}")
     for item in value:
         if not isinstance(item, str):
-            raise ConfigError(f"{name}: expected a list of strings, got item {item!r}")
+            raise ConfigError(f"{name}: expected a list of strings, got item {_short(item)}")
     return tuple(value)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _validate_splitting_ops(names: tuple[str, ...]) -> None:
+    """Each name must be ``namespace::op`` and a registered torch.library op.
+
+    The project's own ops (attention, and the toy models' stand-ins) are registered here first, so a
+    config naming them is valid before the model modules are imported.
+    """
+    import torch
+
+    import reference.models.silly  # noqa: F401  (registers reference::silly_attention)
+    import reference.models.toy_llama  # noqa: F401  (registers reference::toy_attention)
+    import reference.ops  # noqa: F401  (registers reference::attention)
+
+    for name in names:
+        if name.count("::") != 1 or not all(name.split("::")):
+            raise ConfigError(
+                f"splitting_ops: {_short(name)} is not a qualified op name; expected 'namespace::op', e.g. {ATTENTION_OP!r}"
+            )
+        namespace, op = name.split("::")
+        if not hasattr(getattr(torch.ops, namespace), op):
+            raise ConfigError(
+                f"splitting_ops: {_short(name)} is not a registered torch.library op; import the module that defines it "
+                f"first (the project's own: {ATTENTION_OP!r}, 'reference::toy_attention', 'reference::silly_attention')"
+            )
+
+
+def _validate_inductor_config(patches: dict[str, Any]) -> None:
+    """Keys must be Inductor config names; values of bool/int/float/str options must have that type."""
+    if not patches:
+        return
+    import difflib
+
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    for key, value in patches.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3)
+            hint = f"; did you mean {close}?" if close else "; see torch._inductor.config"
+            raise ConfigError(f"inductor_compile_config: {_short(key)} is not an Inductor config option{hint}")
+        default = known[key]
+        if isinstance(default, (bool, int, float, str)) and default is not None:
+            expected = type(default)
+            ok = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            if not ok:
+                raise ConfigError(
+                    f"inductor_compile_config: {key!r} expects {expected.__name__} (default {default!r}), "
+                    f"got {_short(value)}"
+                )
 
 
 def _validate_custom_ops(entries: tuple[str, ...]) -> None:
@@ -323,8 +383,8 @@ def _validate_custom_ops(entries: tuple[str, ...]) -> None:
             continue
         sign, name = entry[:1], entry[1:]
         if sign not in ("+", "-") or not name:
-            raise ConfigError(f"custom_ops: {entry!r} is not valid; expected {allowed}")
+            raise ConfigError(f"custom_ops: {_short(entry)} is not valid; expected {allowed}")
         if name not in known:
-            raise ConfigError(f"custom_ops: unknown op {name!r} in {entry!r}; known ops: {sorted(known)}")
+            raise ConfigError(f"custom_ops: unknown op {_short(name)} in {_short(entry)}; known ops: {sorted(known)}")
         if signs.setdefault(name, sign) != sign:
             raise ConfigError(f"custom_ops: '+{name}' and '-{name}' contradict each other; keep one")

@@ -62,6 +62,19 @@ def _direct_splitting_call(piece: Piece) -> Callable | None:
     return call
 
 
+def _check_writes_into_buffers(piece: Piece) -> None:
+    """A splitting op between CUDA graphs must return nothing: a tensor it returned would be allocated
+    outside the graph pool, at an address the next piece's graph would not follow."""
+    output = list(piece.module.graph.nodes)[-1]
+    if output.args[0] not in ((), None):
+        call = next(n for n in piece.module.graph.nodes if n.op == "call_function")
+        raise ConfigError(
+            f"splitting_ops: {op_name(call.target)!r} returns tensors; with cudagraph_mode='piecewise' a splitting "
+            "op must write into buffers the previous piece allocated (as reference::attention does), or use "
+            "cudagraph_mode='none'"
+        )
+
+
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
@@ -70,11 +83,18 @@ def _on_cuda(gm: torch.fx.GraphModule) -> bool:
 class PiecewiseBackend:
     """A torch.compile backend implementing levels 1-3 of :class:`~reference.config.CompilationConfig`.
 
-    Attributes (set after the first compilation):
-        pieces: the pieces of the last graph, in execution order.
-        split_module: the split FX module (its forward calls the pieces).
+    The backend keeps only light state: Dynamo holds every backend it was given in a process-wide
+    table until ``torch._dynamo.reset()``, so the compiled pieces, CUDA graphs and their memory pool
+    live only in the module returned to Dynamo (freed with the compiled model that owns it).
+
+    Attributes (set by the first compilation):
+        pieces: the pieces of the graph in execution order (their FX modules, before compilation).
         compile_seconds: wall time spent splitting and compiling, in seconds.
-        runners: the CUDA-graph runners by piece name (empty without CUDA graphs).
+
+    Raises:
+        ConfigError: level 0, or (at level 3) a splitting op that is not a registered op, or one that
+            returns tensors while CUDA graphs are on (its output would live outside the graph pool and
+            move between replays).
     """
 
     def __init__(self, config: CompilationConfig):
@@ -85,27 +105,37 @@ class PiecewiseBackend:
             _check_ops_exist(config.splitting_ops)
         self.config = config
         self.pieces: list[Piece] = []
-        self.split_module: torch.fx.GraphModule | None = None
         self.compile_seconds = 0.0
-        self.runners: dict[str, CUDAGraphPiece] = {}
-        self._graph_pool = None
-        self._capture_stream = None
+        self._traced = False
 
     def __call__(self, gm: torch.fx.GraphModule, _example_inputs) -> torch.fx.GraphModule:
-        if self.split_module is not None and self.config.level >= 2:
+        if self._traced and self.config.level >= 2:
             raise RuntimeError(
                 "this model was traced a second time, but levels 2 and 3 trace once (the token dimension is "
                 "marked dynamic only on the first call); this happens after torch._dynamo.reset() - build a "
                 "new compiled model (compile_model / ModelRunner) after resetting Dynamo"
             )
+        self._traced = True
         start = time.perf_counter()
         compilation_counter.num_graphs_seen += 1
         splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
         split, pieces = split_graph(gm, splitting_ops)
         compilation_counter.num_piecewise_graphs_seen += len(pieces)
-        use_graphs = self._use_cuda_graphs(gm)
+        use_graphs = self.config.cudagraph_mode == "piecewise" and _on_cuda(gm)
+        if splitting_ops and not any(p.is_splitting_op for p in pieces):
+            warnings.warn(
+                f"none of splitting_ops {list(splitting_ops)} is called in the traced graph, so the model is one "
+                "piece (attention included, if it is in the graph); splitting ops must be torch.library custom "
+                "ops, which Dynamo keeps as graph nodes",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        capture_stream = torch.cuda.Stream() if use_graphs else None
         for piece in pieces:
             if piece.is_splitting_op:
+                if use_graphs:
+                    _check_writes_into_buffers(piece)
                 direct = _direct_splitting_call(piece)
                 if direct is not None:
                     split.__dict__[piece.name] = direct
@@ -113,39 +143,18 @@ class PiecewiseBackend:
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
             runnable = compile_piece(piece.module, self.config)
             if use_graphs:
-                runnable = self._graph_runner(piece, runnable)
+                runnable = CUDAGraphPiece(
+                    name=piece.name,
+                    runnable=runnable,
+                    size_args=_size_args(piece),
+                    capture_sizes=self.config.cudagraph_capture_sizes,
+                    num_warmups=self.config.cudagraph_num_of_warmups,
+                    pool=graph_pool,
+                    stream=capture_stream,
+                    debug_addresses=self.config.debug_cudagraph_addresses,
+                )
             # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
             split.__dict__[piece.name] = runnable
-        self.pieces, self.split_module = pieces, split
+        self.pieces = pieces
         self.compile_seconds += time.perf_counter() - start
         return split
-
-    def _use_cuda_graphs(self, gm: torch.fx.GraphModule) -> bool:
-        if self.config.cudagraph_mode != "piecewise":
-            return False
-        if not _on_cuda(gm):
-            warnings.warn(
-                "cudagraph_mode='piecewise' but the model is not on a CUDA device: CUDA graphs exist only "
-                "on CUDA, so every piece runs compiled but without graphs",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return False
-        return True
-
-    def _graph_runner(self, piece: Piece, runnable) -> CUDAGraphPiece:
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-            self._capture_stream = torch.cuda.Stream()
-        runner = CUDAGraphPiece(
-            name=piece.name,
-            runnable=runnable,
-            size_args=_size_args(piece),
-            capture_sizes=self.config.cudagraph_capture_sizes,
-            num_warmups=self.config.cudagraph_num_of_warmups,
-            pool=self._graph_pool,
-            stream=self._capture_stream,
-            debug_addresses=self.config.debug_cudagraph_addresses,
-        )
-        self.runners[piece.name] = runner
-        return runner

@@ -16,6 +16,8 @@ the model returns tensors whose first dimension is T as well.
 from __future__ import annotations
 
 import time
+import types
+import warnings
 from typing import Callable
 
 import torch
@@ -23,6 +25,22 @@ from torch import nn
 
 from reference.compilation.backend import PiecewiseBackend
 from reference.config import CompilationConfig
+
+
+def _own_forward(model: nn.Module) -> Callable:
+    """``model.forward`` bound to a private copy of its code object.
+
+    Dynamo caches compiled code per code object, and every model of a class shares ``forward``'s. Each
+    compiled model brings its own backend, so to Dynamo a second model of the class is a recompile of
+    the first: the ninth would hit its recompile limit, and the entries of dead models (their CUDA
+    graphs included) would stay cached. A private code object gives every compiled model exactly one
+    cache entry, freed with the model.
+    """
+    fn = model.forward.__func__
+    code = fn.__code__.replace(co_name=fn.__code__.co_name)  # a new, equal code object
+    clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__, clone.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return types.MethodType(clone, model)
 
 
 def _signature(args) -> list:
@@ -47,10 +65,10 @@ class CompiledModel:
         if config.level == 0:
             self._forward: Callable = model
         elif config.level == 1:
-            self._forward = torch.compile(model.forward, backend=self.backend, fullgraph=True)
+            self._forward = torch.compile(_own_forward(model), backend=self.backend, fullgraph=True)
         else:
             self._forward = torch.compile(
-                model.forward,
+                _own_forward(model),
                 backend=self.backend,
                 fullgraph=True,
                 dynamic=False,  # only the dims we mark are dynamic
@@ -92,6 +110,15 @@ class CompiledModel:
                     )
                 torch._dynamo.mark_dynamic(a, 0)
         self._signature = _signature(args)
+        if self.config.cudagraph_mode == "piecewise" and not any(
+            isinstance(a, torch.Tensor) and a.is_cuda for a in args
+        ):
+            warnings.warn(
+                "cudagraph_mode='piecewise' but the model is not on a CUDA device: CUDA graphs exist only on "
+                "CUDA, so every piece runs compiled but without graphs",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def compile_model(model: nn.Module, config: CompilationConfig) -> CompiledModel:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,11 +89,26 @@ class ModelRunner:
             layer.kv_cache = torch.zeros(
                 2, max_num_seqs, max_model_len, layer.num_kv_heads, layer.head_size, dtype=self.dtype, device=self.device
             )
-        self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
-        self.positions = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)
+        # at least 2 rows: the tracing call runs with 2 tokens even when a step may only have 1
+        buffer_len = max(self.max_num_tokens, 2)
+        self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
+        self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.use_cuda_graphs = config.cudagraph_mode == "piecewise" and self.device.type == "cuda"
         sizes = config.cudagraph_capture_sizes if self.use_cuda_graphs else ()
         self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
+        skipped = [s for s in sizes if s > self.max_num_tokens]
+        if skipped and not self.capture_sizes:
+            raise ValueError(
+                f"cudagraph_capture_sizes {list(sizes)[:8]}... all exceed max_num_batched_tokens "
+                f"({self.max_num_tokens}): no step could use a graph; lower the sizes or raise the limit"
+            )
+        if skipped:
+            warnings.warn(
+                f"{len(skipped)} capture sizes exceed max_num_batched_tokens ({self.max_num_tokens}) and are not "
+                f"captured (no step has that many tokens): {skipped[:8]}{'...' if len(skipped) > 8 else ''}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.startup = StartupStats()
 
     # ------------------------------------------------------------------ one step
@@ -163,7 +179,7 @@ class ModelRunner:
         first = max(self.capture_sizes, default=min(self.max_num_tokens, max(2, self.max_num_seqs)))
         report("compile")
         start = time.perf_counter()
-        self._dummy_step(max(first, 2))
+        self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
         self._sync()
         self.startup.compile_s = time.perf_counter() - start
         if self.capture_sizes:
