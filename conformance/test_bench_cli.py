@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from reference.bench_latency import MODES, latency_stats, main, mode_kwargs
+from reference.bench_latency import MODES, latency_stats, main, mode_kwargs, parse_args
 
 TINY_RUN = ["--batch-size", "2", "--input-len", "3", "--output-len", "2", "--num-iters-warmup", "1", "--num-iters", "2"]
+LONG = "x" * 100_000  # a pasted blob: error messages must not echo all of it
 
 
 def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_path, capsys):
-    argv = ["--model", "toy-llama", *TINY_RUN, "--modes", "eager,no_inductor", "--device", "cpu"]
+    argv = ["--model", "llama-tiny", *TINY_RUN, "--modes", "eager,no_inductor", "--device", "cpu"]
     argv += ["--output-json", str(tmp_path / "out.json"), "--results-dir", str(tmp_path / "results")]
     main(argv)
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert doc["model"] == "toy-llama"
+    assert doc["model"] == "llama-tiny"
     assert [r["mode"] for r in doc["results"]] == ["eager", "no_inductor"]
     for r in doc["results"]:
         lat = r["latency_s"]
@@ -35,11 +36,14 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     assert {"gpu", "torch", "date", "command"} <= set(env)
     assert env["command"] == "python -m reference.bench_latency " + " ".join(argv)
     # the results dir holds <model>-<date>.json (same document) and .md with one table row per mode
-    (json_file,) = (tmp_path / "results").glob("toy-llama-*.json")
+    (json_file,) = (tmp_path / "results").glob("llama-tiny-*.json")
     assert json.loads(json_file.read_text())["results"] == doc["results"]
-    (md_file,) = (tmp_path / "results").glob("toy-llama-*.md")
+    (md_file,) = (tmp_path / "results").glob("llama-tiny-*.md")
     table = [line for line in md_file.read_text().splitlines() if line.startswith("| ")]
     assert [line.split("|")[1].strip() for line in table] == ["mode", "eager", "no_inductor"]
+    # eager's recorded config keeps resolved defaults (use_inductor True, capture sizes) that level 0 ignores
+    assert doc["results"][0]["compilation_config"]["use_inductor"] is True
+    assert "eager runs level 0" in md_file.read_text()
     printed = capsys.readouterr().out
     assert "| eager |" in printed and "| no_inductor |" in printed
 
@@ -57,6 +61,20 @@ def test_baselines_run_on_the_same_weights_and_get_speedup_columns(tmp_path):
     assert baseline["same_tokens_as_first"] == 1.0
 
 
+def test_zero_warm_up_calls_time_every_call(tmp_path):
+    # vLLM allows --num-iters-warmup 0; then the first (cold) call is one of the timed ones
+    argv = ["--model", "llama-tiny", "--batch-size", "1", "--input-len", "2", "--output-len", "2", "--device", "cpu"]
+    argv += ["--modes", "eager", "--num-iters-warmup", "0", "--num-iters", "2", "--baselines", "hf-eager"]
+    argv += ["--num-iters-warmup-baseline", "0", "--num-iters-baseline", "1", "--output-json", str(tmp_path / "o.json")]
+    main(argv)
+    doc = json.loads((tmp_path / "o.json").read_text())
+    assert (doc["settings"]["num_iters_warmup"], doc["settings"]["num_iters_warmup_baseline"]) == (0, 0)
+    eager, baseline = doc["results"]
+    assert (eager["iters"], baseline["iters"]) == (2, 1)
+    # no warm-up: the baseline's only timed call is its first call
+    assert baseline["latency_s"]["p50"] == baseline["startup"]["first_call_s"]
+
+
 def test_latency_stats_are_mean_median_and_interpolated_90th_percentile():
     times = [0.3, 0.1, 0.4, 0.9, 0.2, 0.5, 0.8, 0.6, 0.7, 1.0, 0.15]
     stats = latency_stats(times)
@@ -72,9 +90,13 @@ def test_compilation_config_overrides_change_only_the_compiled_modes():
     assert "cudagraph_capture_sizes" not in MODES["inductor"]["compilation_config"]  # presets untouched
 
 
+MODE_FIELD_ERROR = (
+    r"--compilation-config: sets {fields}, which --modes decides: choose modes instead "
+    r"\(eager: level 0; no_inductor: level 3, use_inductor=False; inductor: level 3, use_inductor=True\)"
+)
 BAD_FLAGS = [
     (["--modes", "eager,fast"], r"argument --modes: unknown \['fast'\]"),
-    (["--modes", "eager,eager"], "argument --modes: 'eager,eager' names an entry twice"),
+    (["--modes", "eager,eager"], "argument --modes: 'eager,eager' names a mode twice"),
     (["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]"),
     (["--compilation-config", "{level: 3"], "argument --compilation-config: .*neither JSON"),
     (["--compilation-config", '{"levle": 3}'], r"argument --compilation-config: .*unknown key\(s\) \['levle'\]"),
@@ -83,8 +105,29 @@ BAD_FLAGS = [
         "--compilation-config: with mode 'no_inductor': inductor_compile_config is set but use_inductor=False",
     ),
     (["--modes", "eager", "--compilation-config", "{'level': 3}"], "--compilation-config applies only to compiled"),
+    (["--enforce-eager", "--compilation-config", "{'level': 3}"], "--compilation-config .*--enforce-eager"),
     (["--enforce-eager", "--modes", "inductor"], "--enforce-eager contradicts --modes inductor"),
+    # the fields that define a mode come from --modes only: an override would run another mode under its label
+    (["--modes", "inductor", "--compilation-config", "0"], MODE_FIELD_ERROR.format(fields="level")),
+    (
+        ["--modes", "no_inductor", "--compilation-config", "{'cudagraph_mode': 'none'}"],
+        MODE_FIELD_ERROR.format(fields="cudagraph_mode"),
+    ),
+    (
+        ["--modes", "no_inductor", "--compilation-config", "{'use_inductor': True}"],
+        MODE_FIELD_ERROR.format(fields="use_inductor"),
+    ),
+    (
+        ["--compilation-config", "{'level': 2, 'use_inductor': False}"],
+        MODE_FIELD_ERROR.format(fields="level, use_inductor"),
+    ),
+    (["--modes", ""], "argument --modes: no mode given"),
+    (["--modes", " , "], "argument --modes: no mode given"),
     (["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'"),
+    (["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'"),
+    (["--num-iters-baseline", "0"], "argument --num-iters-baseline: expected an int >= 1, got '0'"),
+    (["--num-iters-warmup", "-1"], "argument --num-iters-warmup: expected an int >= 0, got '-1'"),
+    (["--num-iters-warmup-baseline", "x"], "argument --num-iters-warmup-baseline: expected an int >= 0, got 'x'"),
     (["--model", "no-such-model"], "argument --model: model: 'no-such-model' is neither a preset"),
     (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
     (["--input-len", "1000", "--output-len", "100"], r"--input-len \+ --output-len = 1100 exceeds"),
@@ -97,6 +140,44 @@ def test_bad_flags_exit_with_code_2_and_name_the_flag(argv, message, capsys):
         main(["--model", "toy-llama", *argv])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--modes", "eager," + LONG],
+        ["--modes", LONG + "," + LONG],
+        ["--batch-size", LONG],
+        ["--device", LONG],
+        ["--num-iters-warmup", LONG],
+    ],
+    ids=["unknown-mode", "duplicate-mode", "batch-size", "device", "num-iters-warmup"],
+)
+def test_errors_echo_at_most_a_few_hundred_characters_of_the_input(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "toy-llama", *argv])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]  # the line after argparse's usage
+    assert message.startswith(f"python -m reference.bench_latency: error: argument {argv[0]}")
+    assert len(message) < 500, message[:600]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        "{'cudagraph_capture_sizes': [1, 2], 'custom_ops': ['none'], 'splitting_ops': []}",
+        "3",  # the compiled modes' own level: changes nothing
+        "{'level': 3, 'inductor_compile_config': {'max_autotune': True}}",
+    ],
+)
+def test_compilation_config_may_override_fields_that_keep_the_mode(overrides):
+    modes = "inductor" if "inductor_compile_config" in overrides else "eager,no_inductor,inductor"
+    args = parse_args(["--model", "toy-llama", "--modes", modes, "--compilation-config", overrides])
+    assert args.compilation_config  # accepted, applied by mode_kwargs to each compiled mode
+
+
+def test_empty_baselines_mean_none_like_the_default():
+    assert parse_args(["--model", "toy-llama", "--baselines", ""]).baselines == []
 
 
 def test_help_lists_every_flag(capsys):

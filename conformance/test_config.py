@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reference.config import ATTENTION_OP, CompilationConfig, ConfigError, default_capture_sizes
+from reference.config import ATTENTION_OP, DEFAULT_SPLITTING_OPS, CompilationConfig, ConfigError, default_capture_sizes
 
 NO_INDUCTOR_ALL_OPS = CompilationConfig(use_inductor=False, custom_ops=("all",))
 
@@ -37,7 +37,7 @@ def test_none_gives_the_defaults():
     config = CompilationConfig.parse(None)
     assert config == CompilationConfig()
     assert (config.level, config.use_inductor, config.cudagraph_mode) == (3, True, "piecewise")
-    assert config.splitting_ops == (ATTENTION_OP,)
+    assert config.splitting_ops == DEFAULT_SPLITTING_OPS and config.splitting_ops[0] == ATTENTION_OP
     assert config.max_cudagraph_capture_size == 512
 
 
@@ -256,7 +256,7 @@ def test_for_eager_turns_off_compilation_and_graphs_and_keeps_the_rest():
     eager = config.for_eager()
     assert (eager.level, eager.cudagraph_mode) == (0, "none")
     assert eager.custom_ops == ("-rms_norm",) and eager.use_inductor is False
-    assert eager.splitting_ops == (ATTENTION_OP,)  # splitting is meaningless without compilation
+    assert eager.splitting_ops == DEFAULT_SPLITTING_OPS  # splitting is meaningless without compilation
     assert eager.for_eager() == eager
 
 

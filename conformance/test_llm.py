@@ -256,7 +256,8 @@ def test_bad_compilation_settings_raise_config_errors(kwargs, match):
     [
         ([[5] * 500], greedy(20), r"^prompts\[0\]: prompt \(500 tokens\) \+ max_tokens \(20\) = 520 exceeds"),
         (["some text"], greedy(2), r"^prompts\[0\] is a string but 'llama-tiny' has no tokenizer"),
-        ([[1, 2], [3, 256]], greedy(2), r"^prompts\[1\]: token ids must be ints in \[0, 256\)"),
+        ([[1, 2], [3, 256]], greedy(2),
+         r"^prompts\[1\]: token ids must be ints in \[0, 256\), got 256 at position 1 of 2$"),
         ([[1, 2], []], greedy(2), r"^prompts\[1\]: expected a non-empty list"),
         ([1, 2, 3], greedy(2), "^prompts: a flat list of ints is ambiguous"),
         ([[1, 2]], greedy(2, stop_token_ids=[300]), r"^sampling_params.stop_token_ids: \[300\] outside"),
@@ -267,6 +268,38 @@ def test_bad_requests_name_the_prompt_or_field(prompts, params, match):
     llm = make_llm("llama-tiny", "eager")
     with pytest.raises(ValueError, match=match):
         llm.generate(prompts, params, use_tqdm=False)
+
+
+LONG = "x" * 100_000  # a pasted blob: error messages must not echo all of it
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(device=LONG), "^device: expected e.g. 'cpu'"),
+        (dict(dtype=LONG), "^dtype: expected one of"),
+        (dict(max_num_seqs=LONG), "^max_num_seqs: expected an int >= 1"),
+    ],
+)
+def test_constructor_errors_echo_at_most_a_few_hundred_characters(kwargs, match):
+    with pytest.raises(ValueError, match=match) as err:
+        LLM("llama-tiny", use_tqdm=False, **kwargs)
+    assert len(str(err.value)) < 400 and "(100002 characters)" in str(err.value)  # repr adds the quotes
+
+
+@pytest.mark.parametrize(
+    "prompts, match",
+    [
+        ([[1] * 100_000 + [256]], r"^prompts\[0\]: token ids must be ints in \[0, 256\), got 256 at position 100000 "),
+        ([{"text": LONG}], r"^prompts\[0\]: expected a non-empty list of token ids or a string, got \{'text'"),
+    ],
+    ids=["long-prompt-with-a-bad-id", "dict-without-token-ids"],
+)
+def test_request_errors_echo_at_most_a_few_hundred_characters(prompts, match):
+    llm = make_llm("llama-tiny", "eager")
+    with pytest.raises(ValueError, match=match) as err:
+        llm.generate(prompts, greedy(1), use_tqdm=False)
+    assert len(str(err.value)) < 400
 
 
 # ---------------------------------------------------------------------- on a GPU

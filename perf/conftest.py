@@ -30,7 +30,8 @@ def mode_config_for(mode: str, batch_size: int) -> CompilationConfig:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
 DEFAULT_MODEL = "llama-tiny"
-# GPU.md: device-to-device copy on the project's H200, bytes read + written per second (2026-11-30).
+# Device-to-device copy bandwidth measured on the project's H200 on 2026-11-30, bytes read + written per
+# second (1 GiB copies timed with CUDA events, as `measure_copy_bandwidth` does).
 H200_COPY_BANDWIDTH = 4.23e12
 
 
@@ -247,7 +248,8 @@ class Bandwidth:
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 2**30, repeats: int = 10) -> float:
     """Device-to-device copy bandwidth of ``device``, (bytes read + bytes written) / s, median of ``repeats``
-    copies of ``nbytes`` (default 1 GiB, far above L2), timed with CUDA events. Same method as GPU.md."""
+    copies of ``nbytes`` (default 1 GiB, far above L2), timed with CUDA events: the method behind
+    ``H200_COPY_BANDWIDTH``."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # warm-up
@@ -266,15 +268,17 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 2**30, repeats: i
 
 @pytest.fixture(scope="session")
 def bandwidth(perf_settings) -> Bandwidth | None:
-    """On CUDA, the bandwidth for the decode floor: GPU.md's 4.23e12 B/s on an H200 (the figure the targets
-    in GPU.md are defined with), this device's measured copy bandwidth on any other GPU. None on CPU."""
+    """On CUDA, the bandwidth for the decode floor: on an H200 the project's 4.23e12 B/s (measured on its
+    H200 on 2026-11-30; the perf targets in perf/NOTES.md are defined with it), on any other GPU this
+    device's measured copy bandwidth. None on CPU."""
     device = perf_settings.device
     if device.type != "cuda":
         return None
     measured = measure_copy_bandwidth(device)
     name = torch.cuda.get_device_name(device)
     if "H200" in name:
-        return Bandwidth(H200_COPY_BANDWIDTH, "GPU.md: H200 device-to-device copy, 4.23e12 B/s", measured)
+        source = "H200 device-to-device copy, 4.23e12 B/s (measured for the project, 2026-11-30)"
+        return Bandwidth(H200_COPY_BANDWIDTH, source, measured)
     return Bandwidth(measured, f"measured here: {name} device-to-device copy", measured)
 
 

@@ -16,8 +16,8 @@ runs at exactly ``batch_size`` tokens; the prefill step runs compiled, without a
 The floor next to every latency: a run reads every weight once per generated token (one prefill step
 and ``output_len - 1`` decode steps), so it cannot take less than
 ``output_len * weight_bytes_per_decode_step / bandwidth``, with the bandwidth measured once at start as
-a device-to-device copy of 1 GiB, counting bytes read plus bytes written (GPU.md measured 4.23e12 B/s
-on an H200 this way). On CPU there is no floor.
+a device-to-device copy of 1 GiB, counting bytes read plus bytes written (measured this way on the
+project's H200 on 2026-11-30: 4.23e12 B/s). On CPU there is no floor.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import transformers
 
 from reference.baselines import BASELINES, build_hf_model, make_baseline
 from reference.config import MODES as MODE_FIELDS
-from reference.config import CompilationConfig, ConfigError
+from reference.config import CompilationConfig, ConfigError, echo, mode_config
 from reference.engine.llm import DTYPES, LLM, compilation_fields
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
@@ -50,32 +50,56 @@ MODES: dict[str, dict[str, Any]] = {
     mode: {"enforce_eager": True} if mode == "eager" else {"compilation_config": dict(fields)}
     for mode, fields in MODE_FIELDS.items()
 }
+# The config fields that tell the modes apart: --compilation-config may not change them, or a row
+# labelled with one mode would run another.
+MODE_DEFINING_FIELDS = ("level", "use_inductor", "cudagraph_mode")
 DEFAULT_RESULTS_DIR = "perf/results"
+EAGER_NOTE = (
+    "- eager runs level 0: the use_inductor, splitting_ops and capture sizes in its JSON compilation_config "
+    "are resolved defaults with no effect there (nothing is compiled or captured)"
+)
 COPY_BYTES = 2**30  # bandwidth probe: large enough that launch overhead is negligible
 
 
 # ---------------------------------------------------------------------- command line
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {echo(text)}")
+        return value
+
+    return parse
 
 
-def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+_positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
+
+
+def _names(allowed: tuple[str, ...], kind: str) -> Callable[[str], list[str]]:
+    """Parser of a comma-separated list of ``kind`` names out of ``allowed``; '' gives []."""
+
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in allowed]
         if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(allowed)} (comma-separated)")
+            raise argparse.ArgumentTypeError(
+                f"unknown {echo(unknown)}; choose from {', '.join(allowed)} (comma-separated)"
+            )
         if len(set(names)) != len(names):
-            raise argparse.ArgumentTypeError(f"{text!r} names an entry twice")
+            raise argparse.ArgumentTypeError(f"{echo(text)} names a {kind} twice")
         return names
 
     return parse
+
+
+def _mode_names(text: str) -> list[str]:
+    names = _names(tuple(MODES), "mode")(text)
+    if not names:  # an empty list would otherwise fall back to the default, all modes
+        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(MODES)}")
+    return names
 
 
 def _config_fields(text: str) -> dict[str, Any]:
@@ -99,11 +123,11 @@ def _device(text: str) -> str:
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"expected e.g. 'cpu' or 'cuda', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected e.g. 'cpu' or 'cuda', got {echo(text)}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r} requested but CUDA is not available")
+        raise argparse.ArgumentTypeError(f"{echo(text)} requested but CUDA is not available")
     if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected a cpu or cuda device, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a cpu or cuda device, got {echo(text)}")
     return text
 
 
@@ -121,11 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per generate call" + default)
     parser.add_argument("--input-len", type=_positive_int, default=32, help="prompt tokens" + default)
     parser.add_argument("--output-len", type=_positive_int, default=128, help="generated tokens" + default)
-    parser.add_argument("--num-iters-warmup", type=_positive_int, default=10, help="untimed calls per mode" + default)
+    parser.add_argument(
+        "--num-iters-warmup", type=_non_negative_int, default=10, help="untimed calls per mode" + default
+    )
     parser.add_argument("--num-iters", type=_positive_int, default=30, help="timed calls per mode" + default)
     parser.add_argument(
         "--modes",
-        type=_names(tuple(MODES)),
+        type=_mode_names,
         default=None,
         help=f"comma-separated, run in this order (default: {','.join(MODES)}; 'eager' with --enforce-eager)",
     )
@@ -133,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compilation-config",
         type=_config_fields,
         default=None,
-        help="JSON or Python-literal dict (or a level digit) overriding fields of the compiled modes' configs",
+        help="JSON or Python-literal dict overriding fields of the compiled modes' configs, "
+        "e.g. capture sizes or custom_ops; level and use_inductor are set by --modes",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help="as LLM(dtype=...)" + default)
@@ -141,16 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
         "--baselines",
-        type=_names(BASELINES),
+        type=_names(BASELINES, "baseline"),
         default=[],
-        help=f"comma-separated transformers generate baselines to run too: {', '.join(BASELINES)} (default: none)",
+        help=f"comma-separated transformers generate baselines to run too: {', '.join(BASELINES)} (default and '': "
+        "none)",
     )
     parser.add_argument(
         "--num-iters-baseline", type=_positive_int, default=None, help="timed calls per baseline (default: --num-iters)"
     )
     parser.add_argument(
         "--num-iters-warmup-baseline",
-        type=_positive_int,
+        type=_non_negative_int,
         default=2,
         help="untimed calls per baseline; the first compiles hf-compile, the second records its CUDA graphs "
         "(default: %(default)s)",
@@ -179,7 +207,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     compiled = [m for m in args.modes if "compilation_config" in MODES[m]]
     if args.compilation_config is not None:
         if not compiled:
-            parser.error("--compilation-config applies only to compiled modes, and --modes has none")
+            flag = "--enforce-eager runs only eager" if args.enforce_eager else "--modes has none"
+            parser.error(f"--compilation-config applies only to compiled modes, and {flag}; drop one of them")
+        changed = [f for f in MODE_DEFINING_FIELDS if any(_changes(args.compilation_config, m, f) for m in compiled)]
+        if changed:
+            parser.error(
+                f"--compilation-config: sets {', '.join(changed)}, which --modes decides: choose modes instead "
+                f"({'; '.join(map(_defining_fields, MODES))}); other fields (capture sizes, custom_ops, "
+                "splitting_ops, ...) may be set"
+            )
         for mode in compiled:
             try:
                 CompilationConfig.parse(mode_kwargs(mode, args.compilation_config)["compilation_config"])
@@ -196,6 +232,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return args
+
+
+def _defining_fields(mode: str) -> str:
+    """``mode`` and its values of ``MODE_DEFINING_FIELDS``, e.g. 'inductor: level 3, use_inductor=True'."""
+    if "enforce_eager" in MODES[mode]:
+        return f"{mode}: level 0"
+    fields = MODES[mode]["compilation_config"]
+    return f"{mode}: level {fields['level']}, use_inductor={fields['use_inductor']}"
+
+
+def _changes(overrides: dict[str, Any], mode: str, field: str) -> bool:
+    """Whether ``overrides`` gives ``field`` a value other than compiled ``mode``'s (resolved) one."""
+    return field in overrides and overrides[field] != getattr(mode_config(mode), field)
 
 
 def mode_kwargs(mode: str, overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -232,13 +281,11 @@ def measure_bandwidth(device: torch.device, nbytes: int = COPY_BYTES, iters: int
     return 2 * nbytes * iters / seconds
 
 
-def time_calls(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> tuple[list[float], Any]:
-    """Run ``fn`` ``warmup`` times untimed, then ``iters`` times, each timed between device
-    synchronisations. Returns (seconds per call, the last call's result)."""
-    for _ in range(warmup):
-        fn()
+def time_calls(fn: Callable[[], Any], device: torch.device, calls: int) -> tuple[list[float], Any]:
+    """Run ``fn`` ``calls`` times, each timed between device synchronisations; returns (seconds per call,
+    the last call's result). Warm-up calls are timed too: callers drop the first times."""
     times, result = [], None
-    for _ in range(iters):
+    for _ in range(calls):
         _sync(device)
         start = time.perf_counter()
         result = fn()
@@ -289,8 +336,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             owner, weight_bytes = llm, registry.weight_bytes_per_decode_step(llm.model)
         prompts = prompt_ids.tolist()
         times, outputs = time_calls(
-            lambda: llm.generate(prompts, params, use_tqdm=False), device, args.num_iters_warmup, args.num_iters
+            lambda: llm.generate(prompts, params, use_tqdm=False), device, args.num_iters_warmup + args.num_iters
         )
+        times = times[args.num_iters_warmup :]
         tokens = [o.outputs[0].token_ids for o in outputs]
         reference_tokens = reference_tokens or tokens
         results.append(
@@ -320,14 +368,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.baselines:
         baseline = make_baseline(name, hf, args.output_len)
         input_ids = prompt_ids.to(device)
-        _sync(device)
-        start = time.perf_counter()
-        baseline(input_ids)  # first call: compiles hf-compile
-        _sync(device)
-        first_call_s = time.perf_counter() - start
-        times, out = time_calls(
-            lambda: baseline(input_ids), device, args.num_iters_warmup_baseline - 1, args.num_iters_baseline
-        )
+        warmup = args.num_iters_warmup_baseline
+        times, out = time_calls(lambda: baseline(input_ids), device, warmup + args.num_iters_baseline)
+        first_call_s, times = times[0], times[warmup:]  # the first call compiles hf-compile
         results.append(
             {
                 "mode": name,
@@ -360,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "num_iters_warmup": args.num_iters_warmup,
             "num_iters": args.num_iters,
             "num_iters_baseline": args.num_iters_baseline,
+            "num_iters_warmup_baseline": args.num_iters_warmup_baseline,
             "dtype": str(owner.dtype).removeprefix("torch."),
             "device": str(device),
             "compilation_config_overrides": args.compilation_config,
@@ -425,6 +469,7 @@ def markdown_report(doc: dict[str, Any]) -> str:
         + (f"{bw:.3e} B/s ({doc['bandwidth_method']})" if bw else "not measured (no GPU), no floor"),
         "- floor = output_len x weight bytes / bandwidth; 'vs X' = X's p50 / this mode's p50",
         f"- command: `{env['command']}`",
+        *([EAGER_NOTE] if any(r["mode"] == "eager" for r in doc["results"]) else []),
         "",
         markdown_table(doc),
         "",

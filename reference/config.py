@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 ATTENTION_OP = "reference::attention"
+# The default splitting ops: every attention op the project defines (the KV-cache attention and the
+# toy models' stand-ins), as vLLM's default lists all of its attention ops. A model calls one of them.
+DEFAULT_SPLITTING_OPS = (ATTENTION_OP, "reference::toy_attention", "reference::silly_attention")
 
 LEVELS = {
     0: "no compilation: the model runs as plain PyTorch",
@@ -77,8 +80,9 @@ class CompilationConfig:
       ``'+name'``, ``'-name'``. With no ``'all'``/``'none'`` the default is *all* when Inductor does not
       compile the model (level 0, or ``use_inductor=False``) and *none* when it does, since Inductor fuses
       the native code itself.
-    * ``splitting_ops`` [[``'reference::attention'``]]: qualified torch.library op names (``ns::name``)
-      at which the graph is split; these run eagerly between CUDA graphs. ``[]`` keeps one whole graph.
+    * ``splitting_ops`` [``DEFAULT_SPLITTING_OPS``: ``'reference::attention'`` and the toy models'
+      stand-ins]: qualified torch.library op names (``ns::name``) at which the graph is split; these run
+      eagerly between CUDA graphs. ``[]`` keeps one whole graph.
     * ``cudagraph_mode`` ['piecewise' at level 3, else 'none']: ``'none'`` or ``'piecewise'``.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
       counts that get a CUDA graph; deduplicated and sorted.
@@ -96,7 +100,7 @@ class CompilationConfig:
     level: int | None = None
     use_inductor: bool = True
     custom_ops: tuple[str, ...] = ()
-    splitting_ops: tuple[str, ...] = (ATTENTION_OP,)
+    splitting_ops: tuple[str, ...] = DEFAULT_SPLITTING_OPS
     cudagraph_mode: str | None = None
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     max_cudagraph_capture_size: int | None = None
@@ -128,7 +132,7 @@ class CompilationConfig:
         ):
             raise ConfigError(
                 "inductor_compile_config: expected a dict with string keys (Inductor config names), "
-                f"got {_short(self.inductor_compile_config)}"
+                f"got {echo(self.inductor_compile_config)}"
             )
         set_(self, "inductor_compile_config", dict(self.inductor_compile_config))
         _validate_inductor_config(self.inductor_compile_config)
@@ -142,7 +146,7 @@ class CompilationConfig:
             sizes = default_capture_sizes(512 if max_size is None else max_size)
         else:
             if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
-                raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {_short(sizes)}")
+                raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {echo(sizes)}")
             for s in sizes:
                 _check_int("cudagraph_capture_sizes", s, minimum=1, maximum=MAX_CAPTURE_SIZE)
             sizes = tuple(sorted(set(sizes)))
@@ -168,7 +172,7 @@ class CompilationConfig:
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
-        if self.level != 3 and self.splitting_ops != (ATTENTION_OP,):
+        if self.level != 3 and self.splitting_ops != DEFAULT_SPLITTING_OPS:
             raise ConfigError(
                 f"splitting_ops only apply at level=3 (piecewise), got level={self.level}; "
                 "remove splitting_ops or use level=3"
@@ -206,7 +210,7 @@ class CompilationConfig:
                 f"enforce_eager=True contradicts cudagraph_mode={self.cudagraph_mode!r}; "
                 "drop enforce_eager or set cudagraph_mode='none'"
             )
-        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=(ATTENTION_OP,))
+        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=DEFAULT_SPLITTING_OPS)
 
     def describe(self) -> dict[str, Any]:
         """The resolved settings as a JSON-serialisable dict (for logs and result files)."""
@@ -237,7 +241,7 @@ class CompilationConfig:
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
-                f"got {type(value).__name__}: {_short(value)}"
+                f"got {type(value).__name__}: {echo(value)}"
             )
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(value) - known, key=repr)  # keys of a literal dict may be of mixed types
@@ -256,7 +260,7 @@ def mode_config(mode: str, **overrides: Any) -> CompilationConfig:
         ConfigError: an unknown mode (the message lists the modes) or an invalid override.
     """
     if mode not in MODES:
-        raise ConfigError(f"mode: expected one of {list(MODES)}, got {_short(mode)}")
+        raise ConfigError(f"mode: expected one of {list(MODES)}, got {echo(mode)}")
     config = CompilationConfig(**{**MODES[mode], **overrides})
     return config.for_eager() if mode == "eager" else config
 
@@ -280,41 +284,42 @@ def parse_config_text(text: str) -> Any:
     # TypeError: unhashable dict key or set item; RecursionError/MemoryError: absurdly deep nesting
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as err:
         raise ConfigError(
-            f"compilation config: {_short(text)} is neither JSON, a Python literal nor a level digit "
+            f"compilation config: {echo(text)} is neither JSON, a Python literal nor a level digit "
             f"({type(err).__name__})"
         ) from None
 
 
 def _check_type(name: str, value: Any, typ: type) -> None:
     if not isinstance(value, typ):
-        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {_short(value)}")
+        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {echo(value)}")
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
         allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ConfigError(f"{name}: expected an int {allowed}, got {_short(value)}")
+        raise ConfigError(f"{name}: expected an int {allowed}, got {echo(value)}")
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
     # type check first: 3.0 == 3 and True == 1, but neither is the int level 3 or 1
     if isinstance(value, bool) or type(value) not in {type(a) for a in allowed} or value not in allowed:
-        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {_short(value)}")
+        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {echo(value)}")
 
 
 def _string_tuple(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{name}: expected a list of strings, got {_short(value)}")
+        raise ConfigError(f"{name}: expected a list of strings, got {echo(value)}")
     for item in value:
         if not isinstance(item, str):
-            raise ConfigError(f"{name}: expected a list of strings, got item {_short(item)}")
+            raise ConfigError(f"{name}: expected a list of strings, got item {echo(item)}")
     return tuple(value)
 
 
-def _short(value: Any, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters for error messages."""
+def echo(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a pasted 100 KB string or a long
+    token list would otherwise bury the message), with the full length noted when cut."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _validate_splitting_ops(names: tuple[str, ...]) -> None:
@@ -332,12 +337,12 @@ def _validate_splitting_ops(names: tuple[str, ...]) -> None:
     for name in names:
         if name.count("::") != 1 or not all(name.split("::")):
             raise ConfigError(
-                f"splitting_ops: {_short(name)} is not a qualified op name; expected 'namespace::op', e.g. {ATTENTION_OP!r}"
+                f"splitting_ops: {echo(name)} is not a qualified op name; expected 'namespace::op', e.g. {ATTENTION_OP!r}"
             )
         namespace, op = name.split("::")
         if not hasattr(getattr(torch.ops, namespace), op):
             raise ConfigError(
-                f"splitting_ops: {_short(name)} is not a registered torch.library op; import the module that defines it "
+                f"splitting_ops: {echo(name)} is not a registered torch.library op; import the module that defines it "
                 f"first (the project's own: {ATTENTION_OP!r}, 'reference::toy_attention', 'reference::silly_attention')"
             )
 
@@ -355,7 +360,7 @@ def _validate_inductor_config(patches: dict[str, Any]) -> None:
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=3)
             hint = f"; did you mean {close}?" if close else "; see torch._inductor.config"
-            raise ConfigError(f"inductor_compile_config: {_short(key)} is not an Inductor config option{hint}")
+            raise ConfigError(f"inductor_compile_config: {echo(key)} is not an Inductor config option{hint}")
         default = known[key]
         if isinstance(default, (bool, int, float, str)) and default is not None:
             expected = type(default)
@@ -365,7 +370,7 @@ def _validate_inductor_config(patches: dict[str, Any]) -> None:
             if not ok:
                 raise ConfigError(
                     f"inductor_compile_config: {key!r} expects {expected.__name__} (default {default!r}), "
-                    f"got {_short(value)}"
+                    f"got {echo(value)}"
                 )
 
 
@@ -383,8 +388,8 @@ def _validate_custom_ops(entries: tuple[str, ...]) -> None:
             continue
         sign, name = entry[:1], entry[1:]
         if sign not in ("+", "-") or not name:
-            raise ConfigError(f"custom_ops: {_short(entry)} is not valid; expected {allowed}")
+            raise ConfigError(f"custom_ops: {echo(entry)} is not valid; expected {allowed}")
         if name not in known:
-            raise ConfigError(f"custom_ops: unknown op {_short(name)} in {_short(entry)}; known ops: {sorted(known)}")
+            raise ConfigError(f"custom_ops: unknown op {echo(name)} in {echo(entry)}; known ops: {sorted(known)}")
         if signs.setdefault(name, sign) != sign:
             raise ConfigError(f"custom_ops: '+{name}' and '-{name}' contradict each other; keep one")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from reference.config import CompilationConfig, parse_config_text
+from reference.config import CompilationConfig, echo, parse_config_text
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams, make_generator, sample
 from reference.models import registry
@@ -318,7 +318,7 @@ class LLM:
             bad_stop = [t for t in p.stop_token_ids if t >= self.vocab_size]
             if bad_stop:
                 raise ValueError(
-                    f"sampling_params.stop_token_ids: {bad_stop} outside the vocabulary [0, {self.vocab_size})"
+                    f"sampling_params.stop_token_ids: {echo(bad_stop)} outside the vocabulary [0, {self.vocab_size})"
                 )
             checked.append((text, ids, p))
         requests = []  # made once every prompt is valid, so a refused call consumes no ids or seeds
@@ -336,7 +336,7 @@ class LLM:
         if isinstance(item, str):
             if self.tokenizer is None:
                 raise ValueError(
-                    f"prompts[{i}] is a string but {self.model_name!r} has no tokenizer; pass tokenizer=PATH "
+                    f"prompts[{i}] is a string but {echo(self.model_name)} has no tokenizer; pass tokenizer=PATH "
                     "to LLM(...) or give token ids ([[1, 2, 3]] or {'prompt_token_ids': [...]})"
                 )
             text, ids = item, list(self.tokenizer.encode(item))
@@ -347,9 +347,13 @@ class LLM:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids:
-            raise ValueError(f"prompts[{i}]: expected a non-empty list of token ids or a string, got {item!r}")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"prompts[{i}]: token ids must be ints in [0, {self.vocab_size}), got {list(ids)!r}")
+            raise ValueError(f"prompts[{i}]: expected a non-empty list of token ids or a string, got {echo(item)}")
+        for position, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"prompts[{i}]: token ids must be ints in [0, {self.vocab_size}), got {echo(t)} at position "
+                    f"{position} of {len(ids)}"
+                )
         return text, list(ids)
 
     def _output(self, r: _Request) -> RequestOutput:
@@ -364,7 +368,7 @@ class LLM:
 # ---------------------------------------------------------------------- argument resolution
 def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        raise ValueError(f"{name}: expected an int >= 1, got {echo(value)}")
 
 
 def _resolve_device(device) -> torch.device:
@@ -373,11 +377,12 @@ def _resolve_device(device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device: expected e.g. 'cpu', 'cuda' or 'cuda:1', got {device!r} ({err})") from None
+        # torch's own message repeats the string too, so it is left out
+        raise ValueError(f"device: expected e.g. 'cpu', 'cuda' or 'cuda:1', got {echo(device)}") from None
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected a 'cpu' or 'cuda' device, got {device!r}")
+        raise ValueError(f"device: expected a 'cpu' or 'cuda' device, got {echo(device)}")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+        raise ValueError(f"device: {echo(device)} requested but CUDA is not available")
     return resolved
 
 
@@ -385,7 +390,7 @@ def _resolve_dtype(dtype, configured, device: torch.device) -> torch.dtype:
     """``dtype`` as a torch dtype; ``'auto'`` picks the checkpoint's ``configured`` dtype (str, dtype or None)."""
     if dtype != "auto":
         if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {['auto', *DTYPES]}, got {dtype!r}")
+            raise ValueError(f"dtype: expected one of {['auto', *DTYPES]}, got {echo(dtype)}")
         return DTYPES[dtype]
     configured = DTYPES.get(configured, configured) if isinstance(configured, str) else configured
     if configured in DTYPES.values():
@@ -438,7 +443,9 @@ def _prompt_list(prompts) -> list:
     if isinstance(prompts, torch.Tensor):
         prompts = prompts.tolist()
     if not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"prompts: expected a string, a token-id prompt or a non-empty list of them, got {prompts!r}")
+        raise ValueError(
+            f"prompts: expected a string, a token-id prompt or a non-empty list of them, got {echo(prompts)}"
+        )
     if all(isinstance(t, int) for t in prompts):
         raise ValueError(
             "prompts: a flat list of ints is ambiguous; pass one token-id prompt as [[1, 2, 3]] or "
@@ -457,7 +464,7 @@ def _load_tokenizer(model: str, path: str | None):
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {err}") from None
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {echo(path)}: {err}") from None
 
 
 def _eos_token_ids(hf_config, tokenizer) -> frozenset[int]:

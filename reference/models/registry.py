@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, Gemma3TextConfig, LlamaConfig, PretrainedConfig, Qwen3Config
 
+from reference.config import echo
 from reference.models.loader import load_checkpoint
 from reference.ops import CustomOpSelection, RMSNorm
 
@@ -254,7 +255,7 @@ def model_config(model: str | Path) -> PretrainedConfig:
     if not (path / "config.json").is_file():
         what = "a directory without config.json" if path.is_dir() else "neither a preset nor a directory"
         raise ValueError(
-            f"model: {str(model)!r} is {what}; expected a preset ({', '.join(PRESETS)}) or a "
+            f"model: {echo(str(model))} is {what}; expected a preset ({', '.join(PRESETS)}) or a "
             "transformers checkpoint directory containing config.json and *.safetensors"
         )
     try:
