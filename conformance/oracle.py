@@ -165,3 +165,13 @@ class OracleCase:
                 self.sources[device] = copy.deepcopy(self.sources["cpu"]).to(device)
             self._ours[mode, device] = run_transcript(self.preset, mode, self.sources[device], self.transcript)
         return self._ours[mode, device]
+
+    def assert_matches_oracle(self, mode: str, device: str) -> None:
+        """Every step's logits of ``mode`` on ``device`` within ``ORACLE_ATOL`` of the oracle's."""
+        for step, (ours, oracle) in enumerate(zip(self.ours(mode, device), self.transcript.oracle_logits)):
+            torch.testing.assert_close(ours, oracle, rtol=0, atol=ORACLE_ATOL, msg=lambda m: f"step {step}: {m}")
+
+    def assert_no_inductor_bitwise_equal_to_eager(self, device: str) -> None:
+        """Both run the same custom ops; the uncompiled FX pieces call the same kernels in the same order."""
+        for step, (piecewise, eager) in enumerate(zip(self.ours("no_inductor", device), self.ours("eager", device))):
+            torch.testing.assert_close(piecewise, eager, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")

@@ -34,6 +34,7 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     assert doc["weight_bytes_per_decode_step"] > 0
     env = doc["env"]
     assert {"gpu", "torch", "date", "command"} <= set(env)
+    assert env["custom_op_kernels"] == "torch"  # on CPU the custom ops run their torch implementation
     assert env["command"] == "python -m reference.bench_latency " + " ".join(argv)
     # the results dir holds <model>-<date>.json (same document) and .md with one table row per mode
     (json_file,) = (tmp_path / "results").glob("llama-tiny-*.json")

@@ -15,7 +15,7 @@ import torch
 from transformers import Gemma3TextConfig
 
 from conformance.helpers import MODES, mode_config
-from conformance.oracle import ORACLE_ATOL, OracleCase
+from conformance.oracle import OracleCase
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.registry import GEMMA_3_TINY, build_model
 from reference.ops import CustomOpSelection
@@ -38,15 +38,12 @@ def case() -> OracleCase:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 def test_logits_match_transformers_over_prefill_decode_and_extend(case, mode, device):
-    for step, (ours, oracle) in enumerate(zip(case.ours(mode, device), case.transcript.oracle_logits)):
-        torch.testing.assert_close(ours, oracle, rtol=0, atol=ORACLE_ATOL, msg=lambda m: f"step {step}: {m}")
+    case.assert_matches_oracle(mode, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_inductor_is_bitwise_equal_to_eager(case, device):
-    # Both run the same custom ops; the uncompiled FX pieces call the same kernels in the same order.
-    for step, (piecewise, eager) in enumerate(zip(case.ours("no_inductor", device), case.ours("eager", device))):
-        torch.testing.assert_close(piecewise, eager, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
+    case.assert_no_inductor_bitwise_equal_to_eager(device)
 
 
 @pytest.mark.parametrize(

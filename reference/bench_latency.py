@@ -43,6 +43,7 @@ from reference.config import CompilationConfig, ConfigError, echo, mode_config
 from reference.engine.llm import DTYPES, LLM, compilation_fields
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
+from reference.ops.custom_op import kernel_backend
 
 # mode -> LLM keyword arguments (from reference.config.MODES). vLLM users know them as --enforce-eager
 # and two -O configs.
@@ -419,6 +420,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu": platform.processor() or platform.machine(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
+            "custom_op_kernels": kernel_backend(device),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": "python -m reference.bench_latency " + shlex.join(args.argv),
         },
@@ -463,7 +465,8 @@ def markdown_report(doc: dict[str, Any]) -> str:
     lines = [
         f"# {doc['model']}: generate latency, batch {s['batch_size']}, {s['input_len']} in, {s['output_len']} out",
         "",
-        f"- date: {env['date']}; GPU: {env['gpu'] or 'none'}; torch {env['torch']}; transformers {env['transformers']}",
+        f"- date: {env['date']}; GPU: {env['gpu'] or 'none'}; torch {env['torch']}; transformers {env['transformers']}; "
+        f"custom-op kernels: {env.get('custom_op_kernels', 'not recorded')}",
         f"- dtype {s['dtype']}; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls",
         f"- weights read per decode step: {doc['weight_bytes_per_decode_step']:,} bytes; bandwidth: "
         + (f"{bw:.3e} B/s ({doc['bandwidth_method']})" if bw else "not measured (no GPU), no floor"),
@@ -501,7 +504,8 @@ def main(argv: list[str] | None = None) -> None:
     The JSON document: ``{"model", "settings", "weight_bytes_per_decode_step", "bandwidth_Bps",
     "bandwidth_method", "results": [{"mode", "kind" ('engine' | 'baseline'), "latency_s": {"avg", "p50",
     "p90"}, "iters", "startup": {...}, "tokens_per_s", "floor_s", "x_floor", "speedup_vs" (engine),
-    "same_tokens_as_first", ...}], "env": {"gpu", "cpu", "torch", "transformers", "date", "command"}}``.
+    "same_tokens_as_first", ...}], "env": {"gpu", "cpu", "torch", "transformers", "custom_op_kernels" ('triton' | 'torch'), "date",
+    "command"}}``.
     Times are seconds; ``x_floor`` and ``speedup_vs`` use p50.
     """
     args = parse_args(argv)

@@ -10,7 +10,6 @@ without CUDA graphs.
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Callable
 
@@ -89,7 +88,6 @@ class PiecewiseBackend:
 
     Attributes (set by the first compilation):
         pieces: the pieces of the graph in execution order (their FX modules, before compilation).
-        compile_seconds: wall time spent splitting and compiling, in seconds.
 
     Raises:
         ConfigError: level 0, or (at level 3) a splitting op that is not a registered op, or one that
@@ -105,7 +103,6 @@ class PiecewiseBackend:
             _check_ops_exist(config.splitting_ops)
         self.config = config
         self.pieces: list[Piece] = []
-        self.compile_seconds = 0.0
         self._traced = False
 
     def __call__(self, gm: torch.fx.GraphModule, _example_inputs) -> torch.fx.GraphModule:
@@ -116,7 +113,6 @@ class PiecewiseBackend:
                 "new compiled model (compile_model / ModelRunner) after resetting Dynamo"
             )
         self._traced = True
-        start = time.perf_counter()
         compilation_counter.num_graphs_seen += 1
         splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
         split, pieces = split_graph(gm, splitting_ops)
@@ -156,5 +152,4 @@ class PiecewiseBackend:
             # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
             split.__dict__[piece.name] = runnable
         self.pieces = pieces
-        self.compile_seconds += time.perf_counter() - start
         return split

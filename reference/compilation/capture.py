@@ -15,7 +15,6 @@ the model returns tensors whose first dimension is T as well.
 
 from __future__ import annotations
 
-import time
 import types
 import warnings
 from typing import Callable
@@ -52,16 +51,13 @@ class CompiledModel:
 
     Attributes:
         backend: the :class:`PiecewiseBackend` (None at level 0).
-        trace_seconds: wall time of the first call at levels 1-3 (Dynamo trace + backend compile), s.
     """
 
     def __init__(self, model: nn.Module, config: CompilationConfig):
         self.model = model
         self.config = config
         self.backend = PiecewiseBackend(config) if config.level > 0 else None
-        self.trace_seconds = 0.0
         self._signature = None
-        self._traced = False
         if config.level == 0:
             self._forward: Callable = model
         elif config.level == 1:
@@ -83,13 +79,7 @@ class CompiledModel:
     def __call__(self, *args):
         if self.config.level >= 2:
             self._check_or_mark_dynamic(args)
-        if self._traced or self.config.level == 0:
-            return self._forward(*args)
-        start = time.perf_counter()
-        out = self._forward(*args)
-        self.trace_seconds = time.perf_counter() - start
-        self._traced = True
-        return out
+        return self._forward(*args)
 
     def _check_or_mark_dynamic(self, args) -> None:
         if self._signature is not None:
