@@ -1,4 +1,4 @@
-"""Shared pieces of the core conformance tests: the model modes, small models, static inputs, error measures.
+"""Shared pieces of the conformance tests: modes, devices, small models, static inputs, error measures.
 
 Model modes (the names test ids, the CLI and the docs use) are ``reference.config.MODES``:
 
@@ -11,34 +11,46 @@ Model modes (the names test ids, the CLI and the docs use) are ``reference.confi
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
+from torch import nn
 from transformers import LlamaConfig
 
 from reference.config import MODES as MODE_FIELDS
 from reference.config import CompilationConfig, mode_config
 from reference.engine import ModelRunner
 from reference.models.llama import LlamaForCausalLM
-from reference.ops import CustomOpSelection
+from reference.models.presets import LLAMA_TINY
+from reference.models.weights import init_random_weights
+from reference.ops import CustomOpSelection, RMSNorm
 
 MODES = tuple(MODE_FIELDS)
 COMPILED_MODES = tuple(m for m in MODES if m != "eager")
+# The device axis of every test that runs on both; the cuda cases need a GPU (tox -e gpu).
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
 
 def small_llama_config(**overrides) -> LlamaConfig:
-    """A tiny random-weight Llama (2 layers, H=64, 4 heads of 16, 2 KV heads, vocab 128): CPU-cheap."""
-    fields = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-    )
-    fields.update(overrides)
-    return LlamaConfig(**fields)
+    """The ``llama-tiny`` preset's config (2 layers, H=64, 4 heads of 16, 2 KV heads, vocab 256, llama3
+    RoPE scaling in all three bands) with ``overrides``: CPU-cheap."""
+    return LlamaConfig(**{**copy.deepcopy(LLAMA_TINY), **overrides})
+
+
+def perturb_norms(model: nn.Module, seed: int, scale: float = 0.3) -> nn.Module:
+    """Move every RMSNorm weight off its identity by ``scale`` x N(0, 1) noise, in place.
+
+    Random init puts norm weights at the identity (1 for Llama/Qwen, 0 for Gemma's ``1 + w``), where a
+    norm that applies its weight wrongly, or ignores Gemma's offset, computes the right answer anyway.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                noise = torch.randn(module.weight.shape, generator=generator)
+                module.weight.add_(scale * noise.to(module.weight.device, module.weight.dtype))
+    return model
 
 
 def build_llama(
@@ -50,20 +62,19 @@ def build_llama(
     seed: int = 0,
     weights_rounded_to: torch.dtype | None = None,
 ) -> LlamaForCausalLM:
-    """A :class:`LlamaForCausalLM` with seeded random weights (built on CPU, then moved).
+    """A :class:`LlamaForCausalLM` with the presets' seeded random weights and perturbed norms.
 
-    The same ``seed`` gives the same weights whatever ``config`` says, so models of different modes can
-    be compared. Norm weights are perturbed from their all-ones init so that a norm applying its weight
-    wrongly cannot hide. ``weights_rounded_to`` rounds the parameters through that dtype first, so that a
-    float32 reference model holds exactly the weights of the bf16 model it is the reference for.
+    Built in float32 on CPU, then moved, so the same ``seed`` gives the same weights whatever ``config``,
+    device or dtype, and models of different modes can be compared. ``weights_rounded_to`` rounds the
+    parameters through that dtype first, so that a float32 reference model holds exactly the weights of
+    the bf16 model it is the reference for.
     """
-    torch.manual_seed(seed)
     model = LlamaForCausalLM(hf_config, CustomOpSelection(config))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):  # input/post_attention layernorms and the final norm
-                param.add_(0.1 * torch.randn_like(param))
-            if weights_rounded_to is not None:
+    init_random_weights(model, seed)
+    perturb_norms(model, seed + 1)
+    if weights_rounded_to is not None:
+        with torch.no_grad():
+            for param in model.parameters():
                 param.copy_(param.to(weights_rounded_to))
     return model.to(device=device, dtype=dtype).eval()
 
@@ -120,30 +131,6 @@ def token_ids(count: int, vocab_size: int, seed: int) -> list[int]:
     """``count`` pseudo-random token ids in ``[0, vocab_size)``, reproducible from ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (count,), generator=generator).tolist()
-
-
-def prefill_and_decode(
-    runners: dict[str, ModelRunner], prompts: list[list[int]], num_decode: int, *, leader: str
-) -> dict[str, list[torch.Tensor]]:
-    """Run the same steps on every runner and return each runner's logits per step.
-
-    Step 0 prefills ``prompts`` (sequence ``i`` in cache row ``i``, from position 0); then ``num_decode``
-    greedy decode steps append one token per sequence. The tokens are the argmax of ``runners[leader]``'s
-    logits, fed to all runners, so every runner sees identical inputs even where their logits differ.
-
-    Returns:
-        runner name -> list of ``1 + num_decode`` tensors ``[len(prompts), vocab]`` float32.
-    """
-    rows = list(range(len(prompts)))
-    context = [0] * len(prompts)
-    new_tokens = prompts
-    logits: dict[str, list[torch.Tensor]] = {name: [] for name in runners}
-    for _ in range(1 + num_decode):
-        for name, runner in runners.items():
-            logits[name].append(runner.step(new_tokens, context, rows))
-        context = [c + len(t) for c, t in zip(context, new_tokens)]
-        new_tokens = [[t] for t in logits[leader][-1].argmax(-1).tolist()]
-    return logits
 
 
 def assert_error_within_twice_eager(actual: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Run one of our models and its transformers counterpart (the oracle) over the same multi-step transcript.
+"""The one oracle harness: our models against their transformers counterparts on the same weights.
 
 A transcript is a batch of prompts of different lengths, then greedy decode steps, then one multi-token
 "extend" step per sequence (new tokens on top of a filled cache, as chunked prefill does). Every step is
@@ -6,25 +6,33 @@ teacher-forced from the oracle: the decode tokens are the oracle's greedy choice
 see the same sequences however close two logits are.
 
 Our side runs through :class:`~reference.engine.ModelRunner` (KV cache, one batch per step, flat token
-layout); the oracle recomputes every whole sequence from scratch at every step, with transformers'
-eager attention (the plainest path: an explicit additive mask and an fp32 softmax). So a match checks
-our cache, masks and batching as well as the layer math.
+layout; :func:`conformance.driver.run_steps`); the oracle recomputes every whole sequence from scratch
+at every step, with transformers' eager attention (the plainest path: an explicit additive mask and an
+fp32 softmax). So a match checks our cache, masks and batching as well as the layer math.
+
+Subjects: a tiny preset (random weights, norms moved off identity, handed to transformers through the
+inverse weight mapping) or a checkpoint directory (transformers reads it with its own loader, ours with
+ours: the loaders are checked against each other too).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from conformance.helpers import mode_config, token_ids
+from conformance.driver import run_steps
+from conformance.helpers import perturb_norms, token_ids
+from reference.config import mode_config
 from reference.engine import ModelRunner
 from reference.models.loader import hf_state_dict
+from reference.models.presets import PRESETS
 from reference.models.registry import build_model, model_config
-from reference.ops import CustomOpSelection, RMSNorm
+from reference.ops import CustomOpSelection
 
 # Our logits vs the oracle's, absolute. Both compute in fp32 (unit roundoff 6e-8) but sum in different
 # orders: one fused qkv / gate-up GEMM instead of several, SDPA instead of matmul + softmax, a batch of
@@ -32,8 +40,9 @@ from reference.ops import CustomOpSelection, RMSNorm
 # magnitude up to 10 (measured on the CPU, every mode). 1e-4 keeps 20x headroom and stays 1000x below the
 # smallest deliberate break measured (Gemma 3 without its final soft-cap: 0.12; a sliding window one
 # token too wide, q/k norm after RoPE, the wrong attention scale or RoPE per layer kind: 0.3 to 2; no
-# embedding scale: 7). The gpu-marked CUDA runs assume the same bound: fp32 GEMMs stay fp32 there, as
-# torch does not allow TF32 by default.
+# embedding scale: 7; llama3 scaling dropped 4.7; no causal mask 3.2; the fixture's final norm weight
+# ignored 0.62). The gpu-marked CUDA runs assume the same bound: fp32 GEMMs stay fp32 there, as torch
+# does not allow TF32 by default.
 ORACLE_ATOL = 1e-4
 
 
@@ -56,24 +65,19 @@ class Transcript:
         return max(sum(len(step[i]) for step in self.steps) for i in range(len(self.steps[0])))
 
 
-def build_source_model(preset: str, seed: int = 0) -> nn.Module:
-    """``preset`` in fp32 on CPU (eager custom-op selection) with random weights, norms moved off identity.
-
-    The registry initialises RMSNorm weights at the identity (1 for Llama/Qwen, 0 for Gemma's ``1 + w``);
-    adding noise makes a norm that applies its weight wrongly (or ignores Gemma's offset) visible.
-    """
-    model = build_model(preset, CustomOpSelection(mode_config("eager")), dtype=torch.float32, device="cpu", seed=seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, RMSNorm):
-                module.weight.add_(0.3 * torch.randn(module.weight.shape, generator=generator))
-    return model
+def build_source_model(model: str | Path, seed: int = 0) -> nn.Module:
+    """``model`` in fp32 on CPU (eager custom-op selection): a preset with random weights and perturbed
+    norms, or a checkpoint directory's own weights."""
+    ours = build_model(model, CustomOpSelection(mode_config("eager")), dtype=torch.float32, device="cpu", seed=seed)
+    return perturb_norms(ours, seed + 1) if str(model) in PRESETS else ours
 
 
-def build_oracle(preset: str, source: nn.Module) -> nn.Module:
-    """transformers' causal LM for ``preset`` (eager attention, fp32) holding ``source``'s weights."""
-    oracle = AutoModelForCausalLM.from_config(model_config(preset), attn_implementation="eager")
+def build_oracle(model: str | Path, source: nn.Module) -> nn.Module:
+    """transformers' causal LM (eager attention, fp32) for ``model``: ``source``'s weights for a preset,
+    the directory's weights read by transformers for a checkpoint."""
+    if str(model) not in PRESETS:
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="eager").eval()
+    oracle = AutoModelForCausalLM.from_config(model_config(model), attn_implementation="eager")
     oracle.load_state_dict(hf_state_dict(source), strict=True)
     return oracle.eval()
 
@@ -85,86 +89,95 @@ def oracle_last_logits(oracle: nn.Module, sequences: list[list[int]]) -> torch.T
     One forward over the batch, right-padded with token 0 and no attention mask: under the causal mask
     a position never sees the padding after it, so each sequence's last real position is unaffected.
     """
+    device = next(oracle.parameters()).device
     longest = max(map(len, sequences))
-    ids = torch.tensor([seq + [0] * (longest - len(seq)) for seq in sequences])  # [B, L]
+    ids = torch.tensor([seq + [0] * (longest - len(seq)) for seq in sequences], device=device)  # [B, L]
     logits = oracle(ids).logits  # [B, L, V]
-    last = torch.tensor([len(seq) - 1 for seq in sequences])
-    return logits[torch.arange(len(sequences)), last].float()
+    last = torch.tensor([len(seq) - 1 for seq in sequences], device=device)
+    return logits[torch.arange(len(sequences), device=device), last].float().cpu()
+
+
+def oracle_greedy(oracle: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """``n`` greedy tokens after ``prompt``, each from a whole-sequence forward, and at each step the gap
+    between the two best logits (how close the choice was)."""
+    ids, gaps = list(prompt), []
+    for _ in range(n):
+        logits = oracle_last_logits(oracle, [ids])[0]
+        top = logits.topk(2).values
+        gaps.append((top[0] - top[1]).item())
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt) :], gaps
 
 
 def oracle_transcript(
     oracle: nn.Module, vocab_size: int, prompt_lens: tuple[int, ...], decode_steps: int, extend_len: int, seed: int
 ) -> Transcript:
-    """Prompts of ``prompt_lens`` tokens, ``decode_steps`` greedy steps, then ``extend_len`` random tokens each."""
+    """Prompts of ``prompt_lens`` tokens, ``decode_steps`` greedy steps, then ``extend_len`` random tokens
+    each (no extend step when 0)."""
     prompts = [token_ids(n, vocab_size, seed + i) for i, n in enumerate(prompt_lens)]
-    extends = [token_ids(extend_len, vocab_size, seed + 100 + i) for i in range(len(prompt_lens))]
     sequences = [list(p) for p in prompts]
     steps, logits = [prompts], [oracle_last_logits(oracle, sequences)]
-    for step in range(decode_steps + 1):
-        if step < decode_steps:
-            new = [[t] for t in logits[-1].argmax(-1).tolist()]  # the oracle's greedy choice
-        else:
-            new = extends
-        for seq, tokens in zip(sequences, new):
+    for _ in range(decode_steps):
+        steps.append([[t] for t in logits[-1].argmax(-1).tolist()])  # the oracle's greedy choice
+        for seq, tokens in zip(sequences, steps[-1]):
             seq.extend(tokens)
-        steps.append(new)
+        logits.append(oracle_last_logits(oracle, sequences))
+    if extend_len:
+        steps.append([token_ids(extend_len, vocab_size, seed + 100 + i) for i in range(len(prompt_lens))])
+        for seq, tokens in zip(sequences, steps[-1]):
+            seq.extend(tokens)
         logits.append(oracle_last_logits(oracle, sequences))
     return Transcript(steps, logits)
 
 
-def run_transcript(preset: str, mode: str, source: nn.Module, transcript: Transcript) -> list[torch.Tensor]:
-    """Our logits ([num_seqs, vocab] float32 on the CPU, per step) for ``transcript``, model mode ``mode``.
-
-    The model is built on ``source``'s device for ``mode``'s custom-op selection and shares ``source``'s
-    weight tensors. The runner warms up first, as a server does: on CUDA every capture size is captured
-    with dummy tokens before the transcript, which then runs on graph replays.
-    """
-    config = mode_config(mode)
-    device = next(source.parameters()).device
-    model = build_model(
-        preset, CustomOpSelection(config), dtype=torch.float32, device=device, share_weights_with=source
-    )
-    rows = list(range(len(transcript.steps[0])))
-    runner = ModelRunner(model, config, max_num_seqs=len(rows), max_model_len=transcript.max_seq_len)
-    runner.warm_up()
-    context = [0] * len(rows)
-    out = []
-    for new in transcript.steps:
-        out.append(runner.step(new, context, rows).cpu())
-        context = [c + len(tokens) for c, tokens in zip(context, new)]
-    return out
-
-
 class OracleCase:
-    """One preset's transcript with the oracle's logits, and ours per (mode, device) on first request.
+    """One model's transcript with the oracle's logits, and ours per (mode, device, overrides) on request.
 
     Args:
-        preset: a registry preset name (a tiny one: the oracle runs on the CPU).
+        model: a tiny preset name or a checkpoint directory (the oracle runs on the CPU).
         prompt_lens, decode_steps, extend_len, seed: the transcript (see :func:`oracle_transcript`).
     """
 
     def __init__(
         self,
-        preset: str,
+        model: str | Path,
         prompt_lens: tuple[int, ...] = (3, 7, 12),
         decode_steps: int = 6,
         extend_len: int = 3,
         seed: int = 0,
     ):
-        self.preset = preset
-        self.sources = {"cpu": build_source_model(preset, seed)}
+        self.model = model
+        self.sources = {"cpu": build_source_model(model, seed)}
         self.config = self.sources["cpu"].config
-        oracle = build_oracle(preset, self.sources["cpu"])
+        oracle = build_oracle(model, self.sources["cpu"])
         self.transcript = oracle_transcript(oracle, self.config.vocab_size, prompt_lens, decode_steps, extend_len, seed)
-        self._ours: dict[tuple[str, str], list[torch.Tensor]] = {}
+        self._ours: dict[tuple, list[torch.Tensor]] = {}
 
-    def ours(self, mode: str, device: str = "cpu") -> list[torch.Tensor]:
-        """Our logits per step (see :func:`run_transcript`); the same weights on every device."""
-        if (mode, device) not in self._ours:
+    def ours(self, mode: str, device: str = "cpu", **overrides) -> list[torch.Tensor]:
+        """Our logits per step for the transcript ([num_seqs, vocab] float32 on the CPU), model mode
+        ``mode`` with config ``overrides``, on ``device``, with the same weights on every device.
+
+        The runner warms up first, as a server does: on CUDA every capture size is captured with dummy
+        tokens before the transcript, which then runs on graph replays (and the dummy keys left in the
+        cache must not leak into it).
+        """
+        key = (mode, device, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in self._ours:
             if device not in self.sources:
                 self.sources[device] = copy.deepcopy(self.sources["cpu"]).to(device)
-            self._ours[mode, device] = run_transcript(self.preset, mode, self.sources[device], self.transcript)
-        return self._ours[mode, device]
+            config = mode_config(mode, **overrides)
+            model = build_model(
+                self.model,
+                CustomOpSelection(config),
+                dtype=torch.float32,
+                device=device,
+                share_weights_with=self.sources[device],
+            )
+            rows = len(self.transcript.steps[0])
+            runner = ModelRunner(model, config, max_num_seqs=rows, max_model_len=self.transcript.max_seq_len)
+            runner.warm_up()
+            self._ours[key] = run_steps(runner, self.transcript.steps)
+        return self._ours[key]
 
     def assert_matches_oracle(self, mode: str, device: str) -> None:
         """Every step's logits of ``mode`` on ``device`` within ``ORACLE_ATOL`` of the oracle's."""

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from reference.bench_latency import MODES, latency_stats, main, mode_kwargs, parse_args
+from reference.bench_latency import main, parse_args
+from reference.benchmark.latency import MODE_KWARGS as MODES
+from reference.benchmark.latency import mode_kwargs
+from reference.benchmark.timing import latency_stats
+from reference.config import CompilationConfig, config_fields
 
 TINY_RUN = ["--batch-size", "2", "--input-len", "3", "--output-len", "2", "--num-iters-warmup", "1", "--num-iters", "2"]
 LONG = "x" * 100_000  # a pasted blob: error messages must not echo all of it
@@ -174,7 +178,14 @@ def test_errors_echo_at_most_a_few_hundred_characters_of_the_input(argv, capsys)
 def test_compilation_config_may_override_fields_that_keep_the_mode(overrides):
     modes = "inductor" if "inductor_compile_config" in overrides else "eager,no_inductor,inductor"
     args = parse_args(["--model", "toy-llama", "--modes", modes, "--compilation-config", overrides])
-    assert args.compilation_config  # accepted, applied by mode_kwargs to each compiled mode
+    for mode in args.modes:
+        kwargs = mode_kwargs(mode, args.compilation_config)
+        if mode == "eager":
+            assert kwargs == MODES["eager"]  # enforce_eager: nothing of a compiled config applies
+            continue
+        resolved = CompilationConfig.parse(kwargs["compilation_config"]).describe()
+        assert {key: resolved[key] for key in config_fields(overrides)} == config_fields(overrides)
+        assert (resolved["level"], resolved["use_inductor"]) == (3, mode == "inductor")  # still the mode
 
 
 def test_empty_baselines_mean_none_like_the_default():

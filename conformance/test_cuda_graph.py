@@ -14,18 +14,17 @@ import pytest
 import torch
 from torch import nn
 
+from conformance.driver import prefill_and_decode
 from conformance.helpers import (
     COMPILED_MODES,
     StaticTokens,
     assert_error_within_twice_eager,
     make_runner,
-    mode_config,
-    prefill_and_decode,
     small_llama_config,
     token_ids,
 )
 from reference.compilation import compile_model, expect_counters
-from reference.config import default_capture_sizes
+from reference.config import default_capture_sizes, mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, toy_llama_config
 from reference.ops import CustomOpSelection

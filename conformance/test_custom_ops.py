@@ -17,8 +17,8 @@ from transformers.activations import ACT2FN
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from conformance.helpers import build_llama, mode_config, small_llama_config
-from reference.config import CompilationConfig
+from conformance.helpers import build_llama, small_llama_config
+from reference.config import CompilationConfig, ConfigError, mode_config
 from reference.models.llama import LlamaForCausalLM, llama_rotary
 from reference.ops import CustomOp, CustomOpSelection, GeluTanhAndMul, RMSNorm, SiluAndMul, registered_custom_ops
 
@@ -106,6 +106,14 @@ def test_plus_and_minus_entries_override_the_default_for_their_op_only(settings,
     ops = CustomOpSelection(config)
     for name in registered_custom_ops():
         assert ops.is_enabled(name) is (config.custom_ops_default != (name in flipped)), name
+
+
+@pytest.mark.parametrize("entry", ["+flash_norm", "-flash_norm"])
+def test_a_config_naming_an_unknown_op_is_refused_when_layers_are_built(entry):
+    """The config checks the form of its entries; the selection, which holds the registry, the names."""
+    config = CompilationConfig(custom_ops=[entry])
+    with pytest.raises(ConfigError, match=r"custom_ops: unknown op 'flash_norm' in .*; known ops: \[.*'rms_norm'"):
+        CustomOpSelection(config)
 
 
 def test_asking_about_an_unknown_op_raises_key_error():

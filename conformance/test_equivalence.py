@@ -15,22 +15,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conformance.driver import prefill_and_decode
 from conformance.helpers import (
+    DEVICES,
     MODES,
     StaticTokens,
     assert_error_within_twice_eager,
     make_runner,
-    mode_config,
-    prefill_and_decode,
     small_llama_config,
     token_ids,
 )
 from reference.compilation import compile_model
+from reference.config import mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, expected_hidden, toy_llama_config
 from reference.ops import CustomOpSelection
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 CAPTURE_SIZES = [4, 8]
 # The toy model is called with these token counts, in order: on CUDA size 8 is warmed up, captured and
 # replayed, then size 4; 6 is not a capture size and runs without a graph. Every call has new token ids.

@@ -14,14 +14,15 @@ import pytest
 import torch
 from transformers import Gemma3TextConfig
 
-from conformance.helpers import MODES, mode_config
+from conformance.helpers import DEVICES, MODES
 from conformance.oracle import OracleCase
+from reference.config import mode_config
 from reference.models.gemma3 import Gemma3ForCausalLM
-from reference.models.registry import GEMMA_3_TINY, build_model
+from reference.models.presets import GEMMA_3_TINY
+from reference.models.registry import build_model
 from reference.ops import CustomOpSelection
 
 PRESET = "gemma-3-tiny"
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(scope="module")

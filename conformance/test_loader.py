@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reference.config import CompilationConfig
+from reference.models.llama import LlamaForCausalLM
 from reference.models.loader import (
     CheckpointError,
     checkpoint_files,
@@ -27,7 +28,6 @@ from reference.models.loader import (
     load_checkpoint,
     load_weights,
 )
-from reference.models.llama import LlamaForCausalLM
 from reference.models.registry import build_model, model_config
 from reference.ops import CustomOpSelection
 

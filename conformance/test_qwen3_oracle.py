@@ -11,14 +11,15 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from conformance.helpers import MODES, mode_config
+from conformance.helpers import DEVICES, MODES
 from conformance.oracle import OracleCase
+from reference.config import mode_config
+from reference.models.presets import QWEN3_TINY
 from reference.models.qwen3 import Qwen3ForCausalLM
-from reference.models.registry import QWEN3_TINY, build_model
+from reference.models.registry import build_model
 from reference.ops import CustomOpSelection
 
 PRESET = "qwen3-tiny"
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,15 @@ from collections import Counter
 import pytest
 import torch
 
-from conformance.helpers import COMPILED_MODES, StaticTokens, mode_config
+from conformance.helpers import COMPILED_MODES, DEVICES, StaticTokens
 from reference.compilation import compilation_counter, compile_model, expect_counters
 from reference.compilation.compile_piece import example_inputs
 from reference.compilation.split import op_name
-from reference.config import CompilationConfig, ConfigError
+from reference.config import CompilationConfig, ConfigError, mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, toy_llama_config
 from reference.ops import CustomOpSelection
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 NO_GRAPHS_ON_CPU = r"not on a CUDA device.*without graphs"
 
 
@@ -252,6 +251,28 @@ def test_a_splitting_op_that_returns_tensors_is_refused_with_cuda_graphs():
     (norm_piece,) = [p for p in pieces if p.is_splitting_op]
     with pytest.raises(ConfigError, match="'reference::rms_norm' returns tensors"):
         _check_writes_into_buffers(norm_piece)
+
+
+def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled():
+    config = CompilationConfig(splitting_ops=["foo::bar"])  # well-formed: the config cannot know the ops
+    with pytest.raises(ConfigError, match="splitting_ops: 'foo::bar' is not a registered torch.library op"):
+        compile_model(SillyModel(), config)
+
+
+def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe():
+    """``splitting_ops=None`` (vLLM's default spelling) means the attention ops, which the project tags
+    where it defines them; an untagged custom op (RMSNorm's) stays inside its piece."""
+    config = CompilationConfig(use_inductor=False, cudagraph_mode="none", custom_ops=["all"])
+    compiled = compile_model(ToyLlama(toy_llama_config(2), CustomOpSelection(config)), config)
+    _run_toy(compiled, StaticTokens(4), [4])
+    split_at = [
+        op_name(node.target)
+        for piece in compiled.backend.pieces
+        if piece.is_splitting_op
+        for node in piece.module.graph.nodes
+        if node.op == "call_function"
+    ]
+    assert split_at == ["reference::toy_attention"] * 2
 
 
 def test_splitting_ops_absent_from_the_graph_are_reported():

@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference.ops.attention import AttentionMetadata, attention_torch
-from reference.ops.custom_op import HAS_TRITON
+from reference.ops.attention import attention_torch
+from reference.ops.attention_metadata import AttentionMetadata
+from reference.ops.library import HAS_TRITON
 
 pytestmark = [
     pytest.mark.gpu,

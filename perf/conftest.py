@@ -8,31 +8,30 @@ mode for the whole session (Inductor compiles once per mode); see perf/NOTES.md 
 from __future__ import annotations
 
 import gc
-import statistics
 from dataclasses import dataclass
 
 import pytest
 import torch
 from pytest_benchmark.utils import get_tag
 
+from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.compilation.counters import CompilationCounter, compilation_counter
-from reference.config import MODES, CompilationConfig, default_capture_sizes, mode_config
+from reference.config import MODES, CompilationConfig
 from reference.engine import ModelRunner
+from reference.engine.arguments import DTYPES, engine_config, resolve_device
 from reference.models import registry
+from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import Attention, CustomOpSelection
 
-# Mode name (used in test ids) -> its compilation config for a decode batch of `batch_size` sequences.
-# Capture sizes are the default pattern up to the decode batch (1, 2, 4, 8 for B=8): decode steps replay
-# graphs; prefills (B * input_len tokens) are larger and run the compiled pieces without graphs.
-def mode_config_for(mode: str, batch_size: int) -> CompilationConfig:
-    return mode_config(mode, cudagraph_capture_sizes=default_capture_sizes(batch_size))
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
 DEFAULT_MODEL = "llama-tiny"
-# Device-to-device copy bandwidth measured on the project's H200 on 2026-11-30, bytes read + written per
-# second (1 GiB copies timed with CUDA events, as `measure_copy_bandwidth` does).
-H200_COPY_BANDWIDTH = 4.23e12
+
+
+def mode_config_for(mode: str, batch_size: int) -> CompilationConfig:
+    """Mode ``mode``'s config as the engine resolves it for ``batch_size`` sequences: capture sizes up to
+    the decode batch (1, 2, 4, 8 for B=8), so decode steps replay graphs while prefills (B * input_len
+    tokens) run the compiled pieces without graphs, as in ``bench_latency``."""
+    return engine_config(MODES[mode], enforce_eager=mode == "eager", max_num_seqs=batch_size)
 
 
 # ---------------------------------------------------------------------- options
@@ -81,15 +80,10 @@ def _settings(config: pytest.Config) -> PerfSettings:
         registry.model_class(model_config)
     except ValueError as err:
         raise pytest.UsageError(f"--perf-model: {err}") from None
-    device_name = config.getoption("perf_device") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(device_name)
-    except RuntimeError:
-        raise pytest.UsageError(f"--perf-device: {device_name!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'")
-    if device.type not in ("cpu", "cuda"):
-        raise pytest.UsageError(f"--perf-device: expected 'cpu', 'cuda' or 'cuda:N', got {device_name!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError(f"--perf-device: {device_name!r} but CUDA is not available here; use --perf-device cpu")
+        device = resolve_device(config.getoption("perf_device"), name="--perf-device")
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
     dtype_name = config.getoption("perf_dtype") or ("bfloat16" if device.type == "cuda" else "float32")
     if dtype_name not in DTYPES:
         raise pytest.UsageError(f"--perf-dtype: expected one of {list(DTYPES)}, got {dtype_name!r}")
@@ -210,7 +204,7 @@ def perf_run(request, perf_settings, base_model):
         mode,
         runner,
         model.config.vocab_size,
-        registry.weight_bytes_per_decode_step(model),
+        weight_bytes_per_decode_step(model),
         compilation_counter.snapshot(),
         startup={
             "compile_s": stats.compile_s,
@@ -231,55 +225,11 @@ def perf_run(request, perf_settings, base_model):
 
 
 # ---------------------------------------------------------------------- decode floor
-@dataclass(frozen=True)
-class Bandwidth:
-    """The memory bandwidth a decode-step floor is computed with.
-
-    Attributes:
-        bytes_per_s: bandwidth used for the floor (B/s).
-        source: where ``bytes_per_s`` comes from.
-        measured_copy_bytes_per_s: this device's device-to-device copy, bytes read + written per second.
-    """
-
-    bytes_per_s: float
-    source: str
-    measured_copy_bytes_per_s: float
-
-
-def measure_copy_bandwidth(device: torch.device, nbytes: int = 2**30, repeats: int = 10) -> float:
-    """Device-to-device copy bandwidth of ``device``, (bytes read + bytes written) / s, median of ``repeats``
-    copies of ``nbytes`` (default 1 GiB, far above L2), timed with CUDA events: the method behind
-    ``H200_COPY_BANDWIDTH``."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        seconds.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes / statistics.median(seconds)
-
-
 @pytest.fixture(scope="session")
 def bandwidth(perf_settings) -> Bandwidth | None:
-    """On CUDA, the bandwidth for the decode floor: on an H200 the project's 4.23e12 B/s (measured on its
-    H200 on 2026-11-30; the perf targets in perf/NOTES.md are defined with it), on any other GPU this
-    device's measured copy bandwidth. None on CPU."""
-    device = perf_settings.device
-    if device.type != "cuda":
-        return None
-    measured = measure_copy_bandwidth(device)
-    name = torch.cuda.get_device_name(device)
-    if "H200" in name:
-        source = "H200 device-to-device copy, 4.23e12 B/s (measured for the project, 2026-11-30)"
-        return Bandwidth(H200_COPY_BANDWIDTH, source, measured)
-    return Bandwidth(measured, f"measured here: {name} device-to-device copy", measured)
+    """The bandwidth for the decode floor, as the benchmark CLI takes it (reference.benchmark.floor);
+    None on CPU."""
+    return floor_bandwidth(perf_settings.device)
 
 
 # ---------------------------------------------------------------------- summary

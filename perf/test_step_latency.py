@@ -91,7 +91,7 @@ def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf
         benchmark.extra_info.update(
             bandwidth_bytes_per_s=bandwidth.bytes_per_s,
             bandwidth_source=bandwidth.source,
-            measured_copy_bytes_per_s=bandwidth.measured_copy_bytes_per_s,
+            measured_copy_bytes_per_s=bandwidth.measured_bytes_per_s,
             floor_ms=floor_s * 1e3,
             ratio_to_floor=median / floor_s,
         )

@@ -20,7 +20,7 @@ from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
 from reference.compilation.split import Piece, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
-from reference.ops.custom_op import direct_call
+from reference.ops.library import direct_call
 
 
 def _check_ops_exist(names: tuple[str, ...]) -> None:
@@ -29,7 +29,8 @@ def _check_ops_exist(names: tuple[str, ...]) -> None:
         if not hasattr(getattr(torch.ops, namespace), op):
             raise ConfigError(
                 f"splitting_ops: {name!r} is not a registered torch.library op; import the module that "
-                "defines it before compiling, or fix the name"
+                "defines it before compiling, or fix the name (the project's own: 'reference::attention', "
+                "'reference::toy_attention', 'reference::silly_attention')"
             )
 
 
@@ -98,7 +99,7 @@ class PiecewiseBackend:
     def __init__(self, config: CompilationConfig):
         if config.level == 0:
             raise ConfigError("level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3")
-        if config.level == 3:
+        if config.level == 3 and config.splitting_ops:
             # checked here, not at trace time, where Dynamo would wrap the ConfigError in BackendCompilerFailed
             _check_ops_exist(config.splitting_ops)
         self.config = config
@@ -118,9 +119,10 @@ class PiecewiseBackend:
         split, pieces = split_graph(gm, splitting_ops)
         compilation_counter.num_piecewise_graphs_seen += len(pieces)
         use_graphs = self.config.cudagraph_mode == "piecewise" and _on_cuda(gm)
-        if splitting_ops and not any(p.is_splitting_op for p in pieces):
+        if splitting_ops != () and not any(p.is_splitting_op for p in pieces):
+            named = "ops tagged cudagraph_unsafe" if splitting_ops is None else list(splitting_ops)
             warnings.warn(
-                f"none of splitting_ops {list(splitting_ops)} is called in the traced graph, so the model is one "
+                f"none of splitting_ops ({named}) is called in the traced graph, so the model is one "
                 "piece (attention included, if it is in the graph); splitting ops must be torch.library custom "
                 "ops, which Dynamo keeps as graph nodes",
                 RuntimeWarning,

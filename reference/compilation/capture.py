@@ -49,13 +49,21 @@ def _signature(args) -> list:
 class CompiledModel:
     """A model's forward, compiled per ``config``. Call it like the model.
 
+    Args:
+        model, config: see :func:`compile_model`.
+        check_inputs: after the tracing call, check every call's arguments (dtype, device, non-token
+            dimensions) against the traced ones, raising ``TypeError`` on a mismatch. A caller that feeds
+            slices of its own static buffers, as ``ModelRunner`` does, cannot mismatch and turns the
+            per-call check off.
+
     Attributes:
         backend: the :class:`PiecewiseBackend` (None at level 0).
     """
 
-    def __init__(self, model: nn.Module, config: CompilationConfig):
+    def __init__(self, model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True):
         self.model = model
         self.config = config
+        self.check_inputs = check_inputs
         self.backend = PiecewiseBackend(config) if config.level > 0 else None
         self._signature = None
         if config.level == 0:
@@ -77,7 +85,7 @@ class CompiledModel:
         return self.config.level >= 2 and self._signature is None
 
     def __call__(self, *args):
-        if self.config.level >= 2:
+        if self.config.level >= 2 and (self._signature is None or self.check_inputs):
             self._check_or_mark_dynamic(args)
         return self._forward(*args)
 
@@ -111,6 +119,10 @@ class CompiledModel:
             )
 
 
-def compile_model(model: nn.Module, config: CompilationConfig) -> CompiledModel:
-    """Wrap ``model`` so that calling the result runs it compiled according to ``config``."""
-    return CompiledModel(model, config)
+def compile_model(model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True) -> CompiledModel:
+    """Wrap ``model`` so that calling the result runs it compiled according to ``config``.
+
+    Raises:
+        ConfigError: at level 3, a splitting op named in ``config`` that is not a registered op.
+    """
+    return CompiledModel(model, config, check_inputs=check_inputs)

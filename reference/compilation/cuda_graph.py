@@ -22,7 +22,7 @@ this on every replay.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -47,11 +47,10 @@ def non_owning(tensor: Any) -> Any:
 
 
 @dataclass
-class _Entry:
-    warmups_done: int = 0
-    graph: "torch.cuda.CUDAGraph | None" = None
-    output: Any = None
-    input_addresses: list[int] = field(default_factory=list)
+class _Captured:
+    graph: "torch.cuda.CUDAGraph"
+    output: Any  # non-owning views of the capture's outputs
+    input_addresses: list[int | None]
 
 
 class CUDAGraphPiece:
@@ -88,28 +87,33 @@ class CUDAGraphPiece:
         self.pool = pool
         self.stream = stream
         self.debug_addresses = debug_addresses
-        self.entries: dict[int | None, _Entry] = {}
+        self.captured: dict[int | None, _Captured] = {}
+        self.warmups_done: dict[int | None, int] = {}
 
     def __call__(self, *args):
-        size = None
-        if self.size_args:
-            size = args[self.size_args[0]]
-            if size not in self.capture_sizes or any(args[i] != size for i in self.size_args[1:]):
-                return self.runnable(*args)
-        entry = self.entries.setdefault(size, _Entry())
-        if entry.graph is not None:
+        # the replay path: one dict lookup, then (outside debug mode) the replay itself
+        size = args[self.size_args[0]] if self.size_args else None
+        captured = self.captured.get(size)
+        if captured is not None and (len(self.size_args) < 2 or self._sizes_agree(args, size)):
             if self.debug_addresses:
-                self._check_addresses(entry, size, args)
-            entry.graph.replay()
-            return entry.output
-        if entry.warmups_done < self.num_warmups:
-            entry.warmups_done += 1
+                self._check_addresses(captured, size, args)
+            captured.graph.replay()
+            return captured.output
+        if (self.size_args and size not in self.capture_sizes) or not self._sizes_agree(args, size):
             return self.runnable(*args)
-        return self._capture(entry, args)
+        done = self.warmups_done.get(size, 0)
+        if done < self.num_warmups:
+            self.warmups_done[size] = done + 1
+            return self.runnable(*args)
+        return self._capture(size, args)
 
-    def _capture(self, entry: _Entry, args) -> Any:
+    def _sizes_agree(self, args, size) -> bool:
+        """All token-count arguments equal (Dynamo may give equal dimensions separate symbols)."""
+        return all(args[i] == size for i in self.size_args[1:])
+
+    def _capture(self, size, args) -> Any:
         graph = torch.cuda.CUDAGraph()
-        entry.input_addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+        addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
             graph.capture_begin(pool=self.pool)
@@ -119,13 +123,12 @@ class CUDAGraphPiece:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(self.stream)
         graph.replay()  # capture only recorded the kernels; run them so this call's output is real
-        entry.graph = graph
-        entry.output = tree_map(non_owning, output)
+        self.captured[size] = _Captured(graph, tree_map(non_owning, output), addresses)
         compilation_counter.num_cudagraph_captured += 1
         return output
 
-    def _check_addresses(self, entry: _Entry, size, args) -> None:
-        for i, (arg, old) in enumerate(zip(args, entry.input_addresses)):
+    def _check_addresses(self, captured: _Captured, size, args) -> None:
+        for i, (arg, old) in enumerate(zip(args, captured.input_addresses)):
             if old is not None and arg.data_ptr() != old:
                 raise RuntimeError(
                     f"CUDA graph of piece {self.name} at size {size}: input {i} moved from {old:#x} to "

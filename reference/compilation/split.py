@@ -3,6 +3,9 @@
 Every splitting-op node becomes a piece of its own; the nodes between two splitting ops form one piece.
 With N splitting-op calls the graph has at most 2N + 1 pieces (fewer if a piece would be empty), of which
 the N splitting-op pieces run eagerly and the others are compiled and captured.
+
+Which ops split: the names in ``splitting_ops``, or, when it is None (the config's default), every op
+tagged ``torch.Tag.cudagraph_unsafe`` (see :mod:`reference.ops.library`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,20 @@ def op_name(target) -> str | None:
     return None
 
 
-def split_graph(gm: torch.fx.GraphModule, splitting_ops: tuple[str, ...]) -> tuple[torch.fx.GraphModule, list[Piece]]:
-    """Split ``gm`` at calls of ``splitting_ops`` (qualified names).
+def is_splitting_op(target, splitting_ops: tuple[str, ...] | None) -> bool:
+    """Whether a call of ``target`` splits the graph: it is named in ``splitting_ops``, or, for None, an op
+    tagged ``torch.Tag.cudagraph_unsafe``."""
+    if splitting_ops is not None:
+        return op_name(target) in splitting_ops
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = target.default
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.cudagraph_unsafe in target.tags
+
+
+def split_graph(
+    gm: torch.fx.GraphModule, splitting_ops: tuple[str, ...] | None
+) -> tuple[torch.fx.GraphModule, list[Piece]]:
+    """Split ``gm`` at the calls of splitting ops (see :func:`is_splitting_op`); ``()`` keeps one piece.
 
     Returns:
         The split module (its ``forward`` calls the pieces in order) and the pieces in execution order.
@@ -50,7 +65,7 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: tuple[str, ...]) -> tup
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        if node.op == "call_function" and op_name(node.target) in splitting_ops:
+        if node.op == "call_function" and is_splitting_op(node.target, splitting_ops):
             piece += 1
             assignment[node] = piece
             piece += 1
@@ -64,6 +79,6 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: tuple[str, ...]) -> tup
             continue
         module = getattr(split, node.target)
         calls = [n for n in module.graph.nodes if n.op == "call_function"]
-        is_split = len(calls) == 1 and op_name(calls[0].target) in splitting_ops
+        is_split = len(calls) == 1 and is_splitting_op(calls[0].target, splitting_ops)
         pieces.append(Piece(node.target, len(pieces), is_split, module))
     return split, pieces

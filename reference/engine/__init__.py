@@ -1,6 +1,7 @@
 """Running models: the step runner (static buffers, padding, KV cache), sampling and the offline API."""
 
-from reference.engine.llm import LLM, CompletionOutput, RequestOutput
+from reference.engine.llm import LLM
+from reference.engine.requests import CompletionOutput, RequestOutput
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams
 

@@ -27,7 +27,7 @@ from reference.compilation import compile_model
 from reference.config import CompilationConfig
 from reference.forward_context import ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
-from reference.ops.attention import int_lists_to_device
+from reference.ops.attention_metadata import int_lists_to_device
 
 
 @dataclass
@@ -83,7 +83,7 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
-        self.compiled = compile_model(model, config)
+        self.compiled = compile_model(model, config, check_inputs=False)  # inputs are our own static buffers
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         for layer in self.attention_layers.values():
             layer.kv_cache = torch.zeros(
@@ -130,14 +130,22 @@ class ModelRunner:
                 ``max_model_len``, a token id outside the vocabulary, or rows that repeat or lie outside
                 ``0..max_num_seqs - 1``.
         """
-        hidden = self.forward(new_tokens, context_lens, rows)
-        (ends,) = int_lists_to_device([list(itertools.accumulate(map(len, new_tokens)))], self.device)
-        return self.model.compute_logits(hidden[ends - 1])
+        hidden, last_rows = self._run(new_tokens, context_lens, rows)
+        return self.model.compute_logits(hidden[last_rows])
 
     @torch.inference_mode()
     def forward(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
         """Like :meth:`step` but returns the hidden states of all real tokens, [n, H] (graph memory for
         CUDA-graph sizes: valid until the next call)."""
+        return self._run(new_tokens, context_lens, rows)[0]
+
+    def _run(self, new_tokens, context_lens, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checks, one host-to-device copy of every int the step needs, the compiled forward.
+
+        Returns:
+            hidden [n, H] of the real tokens, and [num_seqs] int64 device indices of each sequence's
+            last token in it.
+        """
         ids = [t for seq in new_tokens for t in seq]
         n = len(ids)
         if not 0 < n <= self.max_num_tokens:
@@ -153,8 +161,13 @@ class ModelRunner:
         query_lens = [len(seq) for seq in new_tokens]
         seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
         positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]
-        metadata = AttentionMetadata.build(query_lens, seq_lens, rows, self.max_model_len, self.device)
-        staged_ids, staged_positions = int_lists_to_device([ids, positions], self.device)
+        slots = AttentionMetadata.slot_mapping_list(query_lens, seq_lens, rows, self.max_model_len)
+        last_rows = [end - 1 for end in itertools.accumulate(query_lens)]
+        # one pinned staging buffer, one non-blocking copy per step
+        *attention_lists, staged_ids, staged_positions, last_rows_tensor = int_lists_to_device(
+            [slots, seq_lens, rows, ids, positions, last_rows], self.device
+        )
+        metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, *attention_lists)
         self.input_ids[:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
         size = self.padded_size(n)
@@ -162,7 +175,7 @@ class ModelRunner:
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
         with set_forward_context(ForwardContext(metadata, self.attention_layers)):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
-        return hidden[:n]
+        return hidden[:n], last_rows_tensor
 
     # ------------------------------------------------------------------ start-up
     @torch.inference_mode()

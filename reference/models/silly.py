@@ -10,19 +10,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from reference.ops.library import define_op
+
 SILLY_SPLITTING_OPS = ("reference::silly_attention",)
 
 
-@torch.library.custom_op("reference::silly_attention", mutates_args=("out",))
-def silly_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+def silly_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
     """Stand-in attention: ``out = q + k + v`` (elementwise, all [T, H]). Mutates ``out``."""
     torch.add(q, k, out=out)
     out += v
 
 
-@silly_attention.register_fake
-def _(q, k, v, out):
-    return None
+# A default splitting op (tagged like attention), so the silly model splits with the default config.
+silly_attention = define_op(
+    "silly_attention", silly_attention_impl, mutates_args=("out",), fake=lambda q, k, v, out: None, splitting=True
+)
 
 
 class SillyModel(nn.Module):
@@ -31,10 +33,10 @@ class SillyModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x * 2 + 1
         out = torch.empty_like(x)
-        torch.ops.reference.silly_attention(x, x, x, out)  # 3x
+        silly_attention(x, x, x, out)  # 3x
         x = out - 1
         out = torch.empty_like(x)
-        torch.ops.reference.silly_attention(x, x, x, out)  # 3x
+        silly_attention(x, x, x, out)  # 3x
         return out + 2
 
 

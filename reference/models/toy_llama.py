@@ -23,12 +23,12 @@ from transformers import LlamaConfig
 
 from reference.models.llama import LlamaForCausalLM
 from reference.ops import CustomOpSelection
+from reference.ops.library import define_op
 
 TOY_SPLITTING_OPS = ("reference::toy_attention",)
 
 
-@torch.library.custom_op("reference::toy_attention", mutates_args=("out",))
-def toy_attention(
+def toy_attention_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, num_heads: int, num_kv_heads: int
 ) -> None:
     """Causal attention of all T tokens as one sequence. q, out: [T, Hq*D]; k, v: [T, Hkv*D]."""
@@ -38,9 +38,10 @@ def toy_attention(
     out.copy_(o.transpose(0, 1).reshape(t, -1))
 
 
-@toy_attention.register_fake
-def _(q, k, v, out, num_heads, num_kv_heads):
-    return None
+# A default splitting op (tagged like attention), though it would be correct inside a graph too.
+toy_attention = define_op(
+    "toy_attention", toy_attention_impl, mutates_args=("out",), fake=lambda q, k, v, out, h, kv: None, splitting=True
+)
 
 
 class ToyAttention(nn.Module):
@@ -53,7 +54,7 @@ class ToyAttention(nn.Module):
 
     def forward(self, q, k, v):
         out = q.new_empty(q.shape)
-        torch.ops.reference.toy_attention(q, k, v, out, self.num_heads, self.num_kv_heads)
+        toy_attention(q, k, v, out, self.num_heads, self.num_kv_heads)
         return out
 
 

@@ -6,10 +6,16 @@ tanh-approximated GELU variant (GeGLU) is Gemma's.
 
 from __future__ import annotations
 
+from typing import Callable, ClassVar
+
 import torch
 import torch.nn.functional as F
 
-from reference.ops.custom_op import HAS_TRITON, CustomOp
+from reference.ops.custom_op import CustomOp
+from reference.ops.library import HAS_TRITON, define_op
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
 
 
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
@@ -24,51 +30,38 @@ def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-def _gated_fake(x):
-    return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
+silu_and_mul_op = define_op(
+    "silu_and_mul", silu_and_mul_reference, cuda=lambda x: triton_kernels.gated_activation(x, gelu=False)
+)
+gelu_tanh_and_mul_op = define_op(
+    "gelu_tanh_and_mul", gelu_tanh_and_mul_reference, cuda=lambda x: triton_kernels.gated_activation(x, gelu=True)
+)
 
 
-@torch.library.custom_op("reference::silu_and_mul", mutates_args=())
-def silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
-    """Opaque SiLU-and-mul. x: [T, 2I] -> [T, I]."""
-    return silu_and_mul_reference(x)
+class GatedActivation(CustomOp):
+    """``act(x[:, :I]) * x[:, I:]``. x: [T, 2I] -> [T, I]. Subclasses name the op and its two forms."""
+
+    reference: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+    op: ClassVar[Callable[[torch.Tensor], torch.Tensor]]
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self).reference(x)
+
+    def forward_custom(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self).op(x)
 
 
-@torch.library.custom_op("reference::gelu_tanh_and_mul", mutates_args=())
-def gelu_tanh_and_mul_op(x: torch.Tensor) -> torch.Tensor:
-    """Opaque GELU(tanh)-and-mul. x: [T, 2I] -> [T, I]."""
-    return gelu_tanh_and_mul_reference(x)
-
-
-silu_and_mul_op.register_fake(_gated_fake)
-gelu_tanh_and_mul_op.register_fake(_gated_fake)
-
-if HAS_TRITON:
-    from reference.ops import triton_kernels
-
-    silu_and_mul_op.register_kernel("cuda")(lambda x: triton_kernels.gated_activation(x, gelu=False))
-    gelu_tanh_and_mul_op.register_kernel("cuda")(lambda x: triton_kernels.gated_activation(x, gelu=True))
-
-
-class SiluAndMul(CustomOp):
-    """``silu(x[:, :I]) * x[:, I:]``. x: [T, 2I] -> [T, I]."""
+class SiluAndMul(GatedActivation):
+    """SwiGLU's gate: ``silu(x[:, :I]) * x[:, I:]``."""
 
     name = "silu_and_mul"
-
-    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul_reference(x)
-
-    def forward_custom(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.reference.silu_and_mul(x)
+    reference = staticmethod(silu_and_mul_reference)
+    op = silu_and_mul_op
 
 
-class GeluTanhAndMul(CustomOp):
-    """``gelu_tanh(x[:, :I]) * x[:, I:]``. x: [T, 2I] -> [T, I]."""
+class GeluTanhAndMul(GatedActivation):
+    """GeGLU's gate (Gemma): ``gelu_tanh(x[:, :I]) * x[:, I:]``."""
 
     name = "gelu_tanh_and_mul"
-
-    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        return gelu_tanh_and_mul_reference(x)
-
-    def forward_custom(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.reference.gelu_tanh_and_mul(x)
+    reference = staticmethod(gelu_tanh_and_mul_reference)
+    op = gelu_tanh_and_mul_op

@@ -9,125 +9,24 @@ Everything that varies per step and is not a tensor of the graph (which rows are
 sequence's length, where its keys go) comes from the :class:`~reference.forward_context.ForwardContext`,
 so the traced graph never sees it and the op may be fully dynamic: it runs eagerly between graphs.
 
-KV cache layout per layer: ``[2, rows, max_model_len, Hkv, D]`` (keys, values); sequence ``i`` of a
-batch owns row ``rows[i]`` and its token at position ``p`` lives at ``[:, rows[i], p]``. A contiguous
-row per sequence is the simplest cache that serves static batches; paged caches are out of scope.
+The op is tagged ``torch.Tag.cudagraph_unsafe`` (a default splitting op, see :mod:`reference.ops.library`).
+The KV-cache layout and the per-step metadata are in :mod:`reference.ops.attention_metadata`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from reference.forward_context import get_forward_context
-from reference.ops.custom_op import HAS_TRITON, register_direct_call
+from reference.ops.attention_metadata import AttentionMetadata
+from reference.ops.library import HAS_TRITON, define_op, register_direct_call
 
 if HAS_TRITON:
     from reference.ops import triton_kernels
 
-
-@dataclass
-class AttentionMetadata:
-    """Where one step's tokens come from and go to. Built by the runner, read by the attention op.
-
-    Tokens are laid out sequence by sequence: sequence ``i`` contributes ``query_lens[i]`` consecutive
-    tokens. Tokens past ``num_actual_tokens`` are padding up to a CUDA-graph capture size; attention
-    neither reads nor writes their rows.
-
-    Attributes:
-        query_lens: new tokens per sequence this step (1 for every sequence in decode).
-        seq_lens: tokens per sequence in the cache after this step (context + new).
-        rows: KV-cache row of each sequence.
-        slot_mapping: [num_actual_tokens] int64 on the model's device; flat ``row * max_model_len + pos``.
-        seq_lens_tensor: [num_seqs] int64 on the device.
-        rows_tensor: [num_seqs] int64 on the device.
-        is_decode: every sequence adds exactly one token.
-        rows_index: ``rows`` as a slice when they are consecutive (cache views instead of gathers).
-    """
-
-    query_lens: list[int]
-    seq_lens: list[int]
-    rows: list[int]
-    slot_mapping: torch.Tensor
-    seq_lens_tensor: torch.Tensor
-    rows_tensor: torch.Tensor
-    is_decode: bool
-    rows_index: slice | list[int]
-    _masks: dict = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def build(
-        cls, query_lens: list[int], seq_lens: list[int], rows: list[int], max_model_len: int, device
-    ) -> "AttentionMetadata":
-        """Metadata for sequences that each append ``query_lens[i]`` tokens ending at ``seq_lens[i]``.
-
-        The device tensors are filled by one asynchronous host-to-device copy (see
-        :func:`int_lists_to_device`), so building metadata never waits for the GPU.
-
-        Raises:
-            ValueError: lists of different lengths, a query longer than its sequence, or a sequence
-                longer than ``max_model_len``.
-        """
-        if not (len(query_lens) == len(seq_lens) == len(rows)) or not rows:
-            raise ValueError("query_lens, seq_lens and rows must have one entry per sequence (at least one)")
-        slots = []
-        for ql, sl, row in zip(query_lens, seq_lens, rows):
-            if not 0 < ql <= sl <= max_model_len:
-                raise ValueError(f"need 0 < query_len ({ql}) <= seq_len ({sl}) <= max_model_len ({max_model_len})")
-            slots.extend(range(row * max_model_len + sl - ql, row * max_model_len + sl))
-        rows = list(rows)
-        slot_mapping, seq_lens_tensor, rows_tensor = int_lists_to_device([slots, seq_lens, rows], device)
-        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
-        return cls(
-            query_lens=list(query_lens),
-            seq_lens=list(seq_lens),
-            rows=rows,
-            slot_mapping=slot_mapping,
-            seq_lens_tensor=seq_lens_tensor,
-            rows_tensor=rows_tensor,
-            is_decode=all(q == 1 for q in query_lens),
-            rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
-        )
-
-    @property
-    def num_actual_tokens(self) -> int:
-        return len(self.slot_mapping)
-
-    def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
-        """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
-
-        Built once per step and window size, shared by all layers.
-        """
-        key = sliding_window
-        if key not in self._masks:
-            max_len = max(self.seq_lens)
-            needs_mask = min(self.seq_lens) != max_len or (sliding_window is not None and max_len > sliding_window)
-            mask = None
-            if needs_mask:
-                kpos = torch.arange(max_len, device=device)[None, :]  # [1, L]
-                lens = self.seq_lens_tensor[:, None]  # [B, 1]
-                mask = kpos < lens
-                if sliding_window is not None:
-                    mask &= kpos > lens - 1 - sliding_window
-                mask = mask[:, None, None, :]
-            self._masks[key] = mask
-        return self._masks[key]
-
-
-def int_lists_to_device(lists: list[list[int]], device) -> list[torch.Tensor]:
-    """int64 device tensors for ``lists`` via one pinned host buffer and one non-blocking copy.
-
-    A plain ``torch.tensor(..., device='cuda')`` copies from pageable memory and waits for the GPU to
-    drain; per step that would serialise the host with the device several times.
-    """
-    device = torch.device(device)
-    flat = [x for values in lists for x in values]
-    host = torch.tensor(flat, dtype=torch.int64, pin_memory=device.type == "cuda")
-    staged = host.to(device, non_blocking=True)
-    return list(staged.split([len(values) for values in lists]))
+ATTENTION_OP = "reference::attention"
 
 
 def _causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device) -> torch.Tensor:
@@ -207,15 +106,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     attention_impl(ctx.attention_layers[layer_name], ctx.attn_metadata, q, k, v, out)
 
 
-attention_op = torch.library.custom_op("reference::attention", mutates_args=("out",))(attention_forward)
+attention_op = define_op(
+    "attention", attention_forward, mutates_args=("out",), fake=lambda q, k, v, out, layer_name: None, splitting=True
+)
 # Between CUDA graphs the split module may call the Python function itself: same code, minus the
-# dispatcher's per-call cost (measured on the H200 in perf/NOTES.md).
-register_direct_call("reference::attention", attention_forward)
-
-
-@attention_op.register_fake
-def _(q, k, v, out, layer_name):
-    return None
+# dispatcher's per-call cost (measured in perf/NOTES.md).
+register_direct_call(ATTENTION_OP, attention_forward)
 
 
 class Attention(nn.Module):
@@ -256,7 +152,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = q.new_empty(q.shape)  # allocated here, so inside the preceding piece's graph pool
-        torch.ops.reference.attention(q, k, v, out, self.layer_name)
+        attention_op(q, k, v, out, self.layer_name)
         return out
 
     def extra_repr(self) -> str:

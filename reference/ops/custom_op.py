@@ -1,10 +1,11 @@
 """Layers with two implementations: ``forward_native`` (plain torch) and ``forward_custom`` (one opaque op).
 
 ``forward_native`` is traceable PyTorch that Dynamo records op by op, so Inductor can fuse it with its
-neighbours. ``forward_custom`` calls a single ``torch.library`` op (namespace ``reference``) that Dynamo
-keeps as one node: the hand-fused kernel replaces Inductor's fusion, which is what makes
-``use_inductor=False`` fast. Which one a layer uses is decided once, when the layer is built, from the
-:class:`CustomOpSelection` passed to it; the choice is recorded so tests and logs can ask for it.
+neighbours. ``forward_custom`` calls a single ``torch.library`` op (namespace ``reference``, defined with
+:func:`reference.ops.library.define_op`) that Dynamo keeps as one node: the hand-fused kernel replaces
+Inductor's fusion, which is what makes ``use_inductor=False`` fast. Which one a layer uses is decided
+once, when the layer is built, from the :class:`CustomOpSelection` passed to it; the choice is recorded
+so tests and logs can ask for it.
 
 vLLM makes this decision through a process-global "current config"; here the selection is an explicit
 constructor argument, so two models built with different settings in one process cannot interfere.
@@ -12,48 +13,20 @@ constructor argument, so two models built with different settings in one process
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
-from typing import Callable, ClassVar
+from typing import ClassVar
 
-import torch
 from torch import nn
 
-from reference.config import CompilationConfig
+from reference.config import CompilationConfig, ConfigError, echo
 
+# name -> CustomOp subclass; filled as the op modules of reference.ops are imported (the package's
+# __init__ imports all of them before any of its modules can be used).
 _REGISTRY: dict[str, type["CustomOp"]] = {}
-
-# On CUDA the custom ops run Triton kernels when Triton is installed (it ships with CUDA builds of torch);
-# otherwise, and on CPU, they run their fused-in-one-function torch implementation.
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-_DIRECT_CALLS: dict[str, Callable] = {}
-
-
-def register_direct_call(qualname: str, fn: Callable) -> None:
-    """Declare ``fn`` (same signature and effect as op ``qualname``) safe to call without the dispatcher.
-
-    The piecewise backend uses it for splitting ops, which run eagerly between CUDA graphs where the
-    dispatcher's Python-op overhead is paid on every call of every layer.
-    """
-    _DIRECT_CALLS[qualname] = fn
-
-
-def direct_call(qualname: str) -> Callable | None:
-    """The function registered for op ``qualname`` with :func:`register_direct_call`, if any."""
-    return _DIRECT_CALLS.get(qualname)
-
-
-def kernel_backend(device: "str | torch.device") -> str:
-    """Which implementation the custom ops use on ``device``: ``'triton'`` or ``'torch'``."""
-    return "triton" if HAS_TRITON and torch.device(device).type == "cuda" else "torch"
 
 
 def registered_custom_ops() -> frozenset[str]:
-    """Names of all custom ops (e.g. ``'rms_norm'``); importing ``reference.ops`` registers them."""
-    import reference.ops  # noqa: F401  (registers every op module)
-
+    """Names of all custom ops (e.g. ``'rms_norm'``), the names ``custom_ops`` entries may use."""
     return frozenset(_REGISTRY)
 
 
@@ -66,9 +39,18 @@ class CustomOpSelection:
     Attributes:
         enabled: Counter of op name -> number of layers built with the custom implementation.
         disabled: Counter of op name -> number of layers built with ``forward_native``.
+
+    Raises:
+        ConfigError: ``config.custom_ops`` names an op that is not registered (the message lists them).
     """
 
     def __init__(self, config: CompilationConfig):
+        known = registered_custom_ops()
+        for entry in config.custom_ops:
+            if entry not in ("all", "none") and entry[1:] not in known:
+                raise ConfigError(
+                    f"custom_ops: unknown op {echo(entry[1:])} in {echo(entry)}; known ops: {sorted(known)}"
+                )
         self.config = config
         self.enabled: Counter[str] = Counter()
         self.disabled: Counter[str] = Counter()
@@ -79,8 +61,8 @@ class CustomOpSelection:
         Raises:
             KeyError: ``name`` is not a registered custom op.
         """
-        if name not in registered_custom_ops():
-            raise KeyError(f"unknown custom op {name!r}; known: {sorted(registered_custom_ops())}")
+        if name not in _REGISTRY:
+            raise KeyError(f"unknown custom op {name!r}; known: {sorted(_REGISTRY)}")
         if f"+{name}" in self.config.custom_ops:
             return True
         if f"-{name}" in self.config.custom_ops:
@@ -132,4 +114,3 @@ class CustomOp(nn.Module):
 
     def extra_repr(self) -> str:
         return f"impl={'custom' if self.use_custom else 'native'}"
-

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reference.ops.custom_op import HAS_TRITON, CustomOp, CustomOpSelection
+from reference.ops.custom_op import CustomOp, CustomOpSelection
+from reference.ops.library import HAS_TRITON, define_op
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
@@ -23,41 +27,20 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight
     return (x32 * (weight.float() + weight_offset)).to(x.dtype)
 
 
-@torch.library.custom_op("reference::rms_norm", mutates_args=())
-def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
-    """Opaque RMSNorm. x: [T, H]; weight: [H]; returns [T, H]."""
-    return rms_norm_reference(x, weight, eps, weight_offset)
-
-
-@rms_norm_op.register_fake
-def _(x, weight, eps, weight_offset):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("reference::fused_add_rms_norm", mutates_args=())
-def fused_add_rms_norm_op(
+def fused_add_rms_norm_reference(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Opaque ``residual = x + residual; (rms_norm(residual), residual)``. All activations [T, H]."""
+    """``residual = x + residual; (rms_norm(residual), residual)``. All activations [T, H]."""
     residual = x + residual
     return rms_norm_reference(residual, weight, eps, weight_offset), residual
 
 
-@fused_add_rms_norm_op.register_fake
-def _(x, residual, weight, eps, weight_offset):
-    return torch.empty_like(x), torch.empty_like(x)
-
-
-if HAS_TRITON:
-    from reference.ops import triton_kernels
-
-    @rms_norm_op.register_kernel("cuda")
-    def _(x, weight, eps, weight_offset):
-        return triton_kernels.rms_norm(x, weight, eps, weight_offset)
-
-    @fused_add_rms_norm_op.register_kernel("cuda")
-    def _(x, residual, weight, eps, weight_offset):
-        return triton_kernels.rms_norm(x, weight, eps, weight_offset, residual=residual)
+rms_norm_op = define_op("rms_norm", rms_norm_reference, cuda=lambda *args: triton_kernels.rms_norm(*args))
+fused_add_rms_norm_op = define_op(
+    "fused_add_rms_norm",
+    fused_add_rms_norm_reference,
+    cuda=lambda x, residual, weight, eps, offset: triton_kernels.rms_norm(x, weight, eps, offset, residual=residual),
+)
 
 
 class RMSNorm(CustomOp):
@@ -84,13 +67,12 @@ class RMSNorm(CustomOp):
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return rms_norm_reference(x, self.weight, self.eps, self.weight_offset)
-        residual = x + residual
-        return rms_norm_reference(residual, self.weight, self.eps, self.weight_offset), residual
+        return fused_add_rms_norm_reference(x, residual, self.weight, self.eps, self.weight_offset)
 
     def forward_custom(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return torch.ops.reference.rms_norm(x, self.weight, self.eps, self.weight_offset)
-        return torch.ops.reference.fused_add_rms_norm(x, residual, self.weight, self.eps, self.weight_offset)
+            return rms_norm_op(x, self.weight, self.eps, self.weight_offset)
+        return fused_add_rms_norm_op(x, residual, self.weight, self.eps, self.weight_offset)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.weight_offset}, {super().extra_repr()}"

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from reference.ops.custom_op import HAS_TRITON, CustomOp, CustomOpSelection
+from reference.ops.custom_op import CustomOp, CustomOpSelection
+from reference.ops.library import HAS_TRITON, define_op
+
+if HAS_TRITON:
+    from reference.ops import triton_kernels
 
 
 def cos_sin_table(inv_freq: torch.Tensor, max_position: int, attention_scaling: float = 1.0) -> torch.Tensor:
@@ -34,31 +38,24 @@ def rotate_reference(
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
-@torch.library.custom_op("reference::rotary_embedding", mutates_args=())
-def rotary_embedding_op(
+def rotary_embedding_reference(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Opaque neox RoPE of q: [T, Hq * D] and k: [T, Hkv * D]; returns new (q, k)."""
+    """Neox RoPE of q: [T, Hq * D] and k: [T, Hkv * D] at positions [T]; returns new (q, k)."""
     return (
         rotate_reference(positions, q, cos_sin_cache, head_size),
         rotate_reference(positions, k, cos_sin_cache, head_size),
     )
 
 
-@rotary_embedding_op.register_fake
-def _(positions, q, k, cos_sin_cache, head_size):
-    return torch.empty_like(q), torch.empty_like(k)
+def _rotary_cuda(positions, q, k, cos_sin_cache, head_size):
+    return (
+        triton_kernels.rotary(positions, q, cos_sin_cache, head_size),
+        triton_kernels.rotary(positions, k, cos_sin_cache, head_size),
+    )
 
 
-if HAS_TRITON:
-    from reference.ops import triton_kernels
-
-    @rotary_embedding_op.register_kernel("cuda")
-    def _(positions, q, k, cos_sin_cache, head_size):
-        return (
-            triton_kernels.rotary(positions, q, cos_sin_cache, head_size),
-            triton_kernels.rotary(positions, k, cos_sin_cache, head_size),
-        )
+rotary_embedding_op = define_op("rotary_embedding", rotary_embedding_reference, cuda=_rotary_cuda)
 
 
 class RotaryEmbedding(CustomOp):
@@ -72,7 +69,7 @@ class RotaryEmbedding(CustomOp):
         attention_scaling: multiplies cos and sin (1.0 except for some scaled rope types).
 
     The table is a buffer computed and kept in fp32 (build the model under the target dtype rather than
-    casting it afterwards, as ``registry.build_model`` does); each call casts the rows it reads to the
+    casting it afterwards, as ``reference.models.registry.build_model`` does); each call casts the rows it reads to the
     activation dtype, which rounds exactly as transformers' per-call ``cos.to(dtype)`` does.
     """
 
@@ -95,10 +92,7 @@ class RotaryEmbedding(CustomOp):
         )
 
     def forward_native(self, positions, q, k):
-        return (
-            rotate_reference(positions, q, self.cos_sin_cache, self.head_size),
-            rotate_reference(positions, k, self.cos_sin_cache, self.head_size),
-        )
+        return rotary_embedding_reference(positions, q, k, self.cos_sin_cache, self.head_size)
 
     def forward_custom(self, positions, q, k):
-        return torch.ops.reference.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_size)
+        return rotary_embedding_op(positions, q, k, self.cos_sin_cache, self.head_size)

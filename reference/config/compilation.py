@@ -1,4 +1,4 @@
-"""Compilation settings: how a model is traced, split, compiled and captured into CUDA graphs.
+"""``CompilationConfig``: how a model is traced, split, compiled and captured into CUDA graphs.
 
 The field names and their meaning follow vLLM's ``CompilationConfig`` so that a vLLM user can pass the
 same dictionary (``{'level': 3, 'use_inductor': False, 'custom_ops': ['all']}``). Where vLLM is loose we
@@ -10,21 +10,27 @@ are strict, on purpose:
   once, and shown by ``describe()``, instead of being patched later by whichever component runs first.
 * Combinations that cannot mean what the user wrote (CUDA graphs without the piecewise backend, an
   Inductor config with Inductor off, capture sizes that disagree with their maximum) are errors.
+
+This module knows nothing of ops or models. Which names in ``custom_ops`` and ``splitting_ops`` exist
+is checked where the names meet the ops: ``CustomOpSelection`` (reference.ops) for custom ops, the
+piecewise backend for splitting ops.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-ATTENTION_OP = "reference::attention"
-# The default splitting ops: every attention op the project defines (the KV-cache attention and the
-# toy models' stand-ins), as vLLM's default lists all of its attention ops. A model calls one of them.
-DEFAULT_SPLITTING_OPS = (ATTENTION_OP, "reference::toy_attention", "reference::silly_attention")
+from reference.config.parsing import (
+    ConfigError,
+    check_choice,
+    check_int,
+    check_type,
+    config_fields,
+    echo,
+    string_tuple,
+)
 
 LEVELS = {
     0: "no compilation: the model runs as plain PyTorch",
@@ -33,23 +39,14 @@ LEVELS = {
     3: "piecewise: one trace, split at splitting ops, pieces compiled and captured as CUDA graphs",
 }
 CUDAGRAPH_MODES = ("none", "piecewise")
-# The three model modes the project compares (test ids, `bench_latency --modes`, result tables), as
-# config fields. "eager" is enforce_eager: `for_eager()` of the defaults, so custom ops default to all.
-MODES: dict[str, dict[str, Any]] = {
-    "eager": {},
-    "no_inductor": {"level": 3, "use_inductor": False, "custom_ops": ["all"]},
-    "inductor": {"level": 3, "use_inductor": True},
-}
+# vLLM's largest default capture size (tokens).
+DEFAULT_MAX_CAPTURE_SIZE = 512
 # Largest allowed capture size (tokens): far above any single-GPU step; the bound only stops a typo from
 # building a list of millions of sizes.
 MAX_CAPTURE_SIZE = 65536
 # Fields whose default depends on other fields; remembered so `for_eager` can tell a user's choice
 # from a default it may override.
 _DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type, or contradicts another value."""
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
@@ -80,9 +77,10 @@ class CompilationConfig:
       ``'+name'``, ``'-name'``. With no ``'all'``/``'none'`` the default is *all* when Inductor does not
       compile the model (level 0, or ``use_inductor=False``) and *none* when it does, since Inductor fuses
       the native code itself.
-    * ``splitting_ops`` [``DEFAULT_SPLITTING_OPS``: ``'reference::attention'`` and the toy models'
-      stand-ins]: qualified torch.library op names (``ns::name``) at which the graph is split; these run
-      eagerly between CUDA graphs. ``[]`` keeps one whole graph.
+    * ``splitting_ops`` [None]: qualified torch.library op names (``ns::name``) at which the graph is
+      split; these run eagerly between CUDA graphs. ``None`` (vLLM's default spelling) splits at every op
+      tagged ``torch.Tag.cudagraph_unsafe``: the project declares its attention ops so where it defines
+      them. ``[]`` keeps one whole graph.
     * ``cudagraph_mode`` ['piecewise' at level 3, else 'none']: ``'none'`` or ``'piecewise'``.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
       counts that get a CUDA graph; deduplicated and sorted.
@@ -100,7 +98,7 @@ class CompilationConfig:
     level: int | None = None
     use_inductor: bool = True
     custom_ops: tuple[str, ...] = ()
-    splitting_ops: tuple[str, ...] = DEFAULT_SPLITTING_OPS
+    splitting_ops: tuple[str, ...] | None = None
     cudagraph_mode: str | None = None
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     max_cudagraph_capture_size: int | None = None
@@ -115,17 +113,18 @@ class CompilationConfig:
         set_(self, "_explicit", frozenset(f for f in _DEPENDENT_DEFAULTS if getattr(self, f) is not None))
         if self.level is None:
             set_(self, "level", 3)
-        _check_choice("level", self.level, tuple(LEVELS))
-        _check_type("use_inductor", self.use_inductor, bool)
-        _check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
-        set_(self, "custom_ops", _string_tuple("custom_ops", self.custom_ops))
+        check_choice("level", self.level, tuple(LEVELS))
+        check_type("use_inductor", self.use_inductor, bool)
+        check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
+        set_(self, "custom_ops", string_tuple("custom_ops", self.custom_ops))
         _validate_custom_ops(self.custom_ops)
-        set_(self, "splitting_ops", _string_tuple("splitting_ops", self.splitting_ops))
-        _validate_splitting_ops(self.splitting_ops)
+        if self.splitting_ops is not None:
+            set_(self, "splitting_ops", string_tuple("splitting_ops", self.splitting_ops))
+            _validate_splitting_op_names(self.splitting_ops)
         if self.cudagraph_mode is None:
             set_(self, "cudagraph_mode", "piecewise" if self.level == 3 else "none")
-        _check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
-        _check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
+        check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
+        check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
         self._resolve_capture_sizes()
         if not isinstance(self.inductor_compile_config, Mapping) or not all(
             isinstance(k, str) for k in self.inductor_compile_config
@@ -141,14 +140,14 @@ class CompilationConfig:
     def _resolve_capture_sizes(self) -> None:
         sizes, max_size = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
         if max_size is not None:
-            _check_int("max_cudagraph_capture_size", max_size, minimum=1, maximum=MAX_CAPTURE_SIZE)
+            check_int("max_cudagraph_capture_size", max_size, minimum=1, maximum=MAX_CAPTURE_SIZE)
         if sizes is None:
-            sizes = default_capture_sizes(512 if max_size is None else max_size)
+            sizes = default_capture_sizes(DEFAULT_MAX_CAPTURE_SIZE if max_size is None else max_size)
         else:
             if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
                 raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {echo(sizes)}")
             for s in sizes:
-                _check_int("cudagraph_capture_sizes", s, minimum=1, maximum=MAX_CAPTURE_SIZE)
+                check_int("cudagraph_capture_sizes", s, minimum=1, maximum=MAX_CAPTURE_SIZE)
             sizes = tuple(sorted(set(sizes)))
             largest = max(sizes, default="none: the list is empty")
             if max_size is not None and largest != max_size:
@@ -172,7 +171,7 @@ class CompilationConfig:
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
-        if self.level != 3 and self.splitting_ops != DEFAULT_SPLITTING_OPS:
+        if self.level != 3 and self.splitting_ops is not None:
             raise ConfigError(
                 f"splitting_ops only apply at level=3 (piecewise), got level={self.level}; "
                 "remove splitting_ops or use level=3"
@@ -210,141 +209,63 @@ class CompilationConfig:
                 f"enforce_eager=True contradicts cudagraph_mode={self.cudagraph_mode!r}; "
                 "drop enforce_eager or set cudagraph_mode='none'"
             )
-        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=DEFAULT_SPLITTING_OPS)
+        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=None)
 
     def describe(self) -> dict[str, Any]:
         """The resolved settings as a JSON-serialisable dict (for logs and result files)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
-    # ------------------------------------------------------------------ parsing
     @classmethod
     def parse(cls, value: "CompilationConfig | Mapping[str, Any] | str | int | None") -> "CompilationConfig":
         """Build a config from a config, a dict, a JSON string, a Python-literal string or a level.
 
         ``"3"`` and ``3`` mean ``{'level': 3}``; ``'{"use_inductor": false}'`` is JSON;
         ``"{'use_inductor': False, 'custom_ops': ['all']}"`` is read with ``ast.literal_eval`` (never
-        ``eval``). ``None`` gives the defaults.
+        ``eval``). ``None`` gives the defaults. A config is returned as it is.
 
         Raises:
             ConfigError: the string is neither JSON nor a Python literal, the value is not a dict, or a
                 key is unknown (the message lists the known keys), or a value is invalid.
         """
-        if value is None:
-            return cls()
         if isinstance(value, cls):
             return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return cls(level=value)
-        if isinstance(value, str):
-            value = parse_config_text(value)
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
-                f"got {type(value).__name__}: {echo(value)}"
-            )
+        fields = config_fields(value)
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(value) - known, key=repr)  # keys of a literal dict may be of mixed types
+        unknown = sorted(set(fields) - known, key=repr)  # keys of a literal dict may be of mixed types
         if unknown:
             raise ConfigError(f"compilation config: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        return cls(**value)
+        return cls(**fields)
 
 
-def mode_config(mode: str, **overrides: Any) -> CompilationConfig:
-    """The :class:`CompilationConfig` of model mode ``mode`` (a key of ``MODES``) with ``overrides``.
-
-    For ``eager`` the overrides apply to the defaults and ``for_eager()`` follows, as with
-    ``enforce_eager``, so piecewise-only settings fall away.
-
-    Raises:
-        ConfigError: an unknown mode (the message lists the modes) or an invalid override.
-    """
-    if mode not in MODES:
-        raise ConfigError(f"mode: expected one of {list(MODES)}, got {echo(mode)}")
-    config = CompilationConfig(**{**MODES[mode], **overrides})
-    return config.for_eager() if mode == "eager" else config
-
-
-# ---------------------------------------------------------------------- helpers
-def parse_config_text(text: str) -> Any:
-    """A config string as data: a bare digit is ``{'level': digit}``, else JSON, else a Python literal.
-
-    Raises:
-        ConfigError: the text is none of these (``eval`` is never used).
-    """
-    text = text.strip()
-    if re.fullmatch(r"-?[0-9]+", text):  # ASCII digits only: str.isdigit() also accepts '²' and '٣'
-        return {"level": int(text)}
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        pass
-    try:
-        return ast.literal_eval(text)
-    # TypeError: unhashable dict key or set item; RecursionError/MemoryError: absurdly deep nesting
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as err:
-        raise ConfigError(
-            f"compilation config: {echo(text)} is neither JSON, a Python literal nor a level digit "
-            f"({type(err).__name__})"
-        ) from None
-
-
-def _check_type(name: str, value: Any, typ: type) -> None:
-    if not isinstance(value, typ):
-        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {echo(value)}")
-
-
-def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ConfigError(f"{name}: expected an int {allowed}, got {echo(value)}")
-
-
-def _check_choice(name: str, value: Any, allowed: tuple) -> None:
-    # type check first: 3.0 == 3 and True == 1, but neither is the int level 3 or 1
-    if isinstance(value, bool) or type(value) not in {type(a) for a in allowed} or value not in allowed:
-        raise ConfigError(f"{name}: expected one of {list(allowed)}, got {echo(value)}")
-
-
-def _string_tuple(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{name}: expected a list of strings, got {echo(value)}")
-    for item in value:
-        if not isinstance(item, str):
-            raise ConfigError(f"{name}: expected a list of strings, got item {echo(item)}")
-    return tuple(value)
-
-
-def echo(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters (a pasted 100 KB string or a long
-    token list would otherwise bury the message), with the full length noted when cut."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _validate_splitting_ops(names: tuple[str, ...]) -> None:
-    """Each name must be ``namespace::op`` and a registered torch.library op.
-
-    The project's own ops (attention, and the toy models' stand-ins) are registered here first, so a
-    config naming them is valid before the model modules are imported.
-    """
-    import torch
-
-    import reference.models.silly  # noqa: F401  (registers reference::silly_attention)
-    import reference.models.toy_llama  # noqa: F401  (registers reference::toy_attention)
-    import reference.ops  # noqa: F401  (registers reference::attention)
-
+# ---------------------------------------------------------------------- field checks
+def _validate_splitting_op_names(names: tuple[str, ...]) -> None:
+    """Each name is ``namespace::op``; whether it is a registered op is the backend's check."""
     for name in names:
         if name.count("::") != 1 or not all(name.split("::")):
             raise ConfigError(
-                f"splitting_ops: {echo(name)} is not a qualified op name; expected 'namespace::op', e.g. {ATTENTION_OP!r}"
+                f"splitting_ops: {echo(name)} is not a qualified op name; expected 'namespace::op', "
+                "e.g. 'reference::attention'"
             )
-        namespace, op = name.split("::")
-        if not hasattr(getattr(torch.ops, namespace), op):
-            raise ConfigError(
-                f"splitting_ops: {echo(name)} is not a registered torch.library op; import the module that defines it "
-                f"first (the project's own: {ATTENTION_OP!r}, 'reference::toy_attention', 'reference::silly_attention')"
-            )
+
+
+def _validate_custom_ops(entries: tuple[str, ...]) -> None:
+    """Check the form of ``custom_ops`` entries and that they do not contradict each other.
+
+    Whether a named op exists is checked by ``CustomOpSelection``, which holds the registry of ops.
+    """
+    allowed = "'all', 'none', or '+name'/'-name' with name a custom op (reference.ops.registered_custom_ops())"
+    if "all" in entries and "none" in entries:
+        raise ConfigError("custom_ops: 'all' and 'none' contradict each other; keep one")
+    signs: dict[str, str] = {}
+    for entry in entries:
+        if entry in ("all", "none"):
+            continue
+        sign, name = entry[:1], entry[1:]
+        if sign not in ("+", "-") or not name.isidentifier():
+            raise ConfigError(f"custom_ops: {echo(entry)} is not valid; expected {allowed}")
+        if signs.setdefault(name, sign) != sign:
+            raise ConfigError(f"custom_ops: '+{name}' and '-{name}' contradict each other; keep one")
 
 
 def _validate_inductor_config(patches: dict[str, Any]) -> None:
@@ -372,24 +293,3 @@ def _validate_inductor_config(patches: dict[str, Any]) -> None:
                     f"inductor_compile_config: {key!r} expects {expected.__name__} (default {default!r}), "
                     f"got {echo(value)}"
                 )
-
-
-def _validate_custom_ops(entries: tuple[str, ...]) -> None:
-    """Check ``custom_ops`` entries against the registered op names and each other."""
-    from reference.ops.custom_op import registered_custom_ops  # the registry imports all op modules
-
-    known = registered_custom_ops()
-    allowed = f"'all', 'none', or '+name'/'-name' with name in {sorted(known)}"
-    if "all" in entries and "none" in entries:
-        raise ConfigError("custom_ops: 'all' and 'none' contradict each other; keep one")
-    signs: dict[str, str] = {}
-    for entry in entries:
-        if entry in ("all", "none"):
-            continue
-        sign, name = entry[:1], entry[1:]
-        if sign not in ("+", "-") or not name:
-            raise ConfigError(f"custom_ops: {echo(entry)} is not valid; expected {allowed}")
-        if name not in known:
-            raise ConfigError(f"custom_ops: unknown op {echo(name)} in {echo(entry)}; known ops: {sorted(known)}")
-        if signs.setdefault(name, sign) != sign:
-            raise ConfigError(f"custom_ops: '+{name}' and '-{name}' contradict each other; keep one")

@@ -1,0 +1,78 @@
+"""The results of a latency run as a markdown table and report, and as files (JSON + markdown)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+EAGER_NOTE = (
+    "- eager runs level 0: the use_inductor, splitting_ops and capture sizes in its JSON compilation_config "
+    "are resolved defaults with no effect there (nothing is compiled or captured)"
+)
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """One row per mode and baseline: latencies (s), floor ratio, start-up costs, speedups."""
+    baselines = [r["mode"] for r in doc["results"] if r["kind"] == "baseline"]
+    first = doc["results"][0]["mode"]
+    head = ["mode", "avg s", "p50 s", "p90 s", "tok/s", "floor s", "p50/floor", "compile s", "capture s", "graph GiB"]
+    head += [f"vs {b}" for b in baselines] + [f"same tokens as {first}"]
+    rows = []
+    for r in doc["results"]:
+        lat, st = r["latency_s"], r["startup"]
+        row = [r["mode"], _fmt(lat["avg"]), _fmt(lat["p50"]), _fmt(lat["p90"]), _fmt(r["tokens_per_s"], ".1f")]
+        row += [_fmt(r["floor_s"]), _fmt(r["x_floor"], ".2f")]
+        if r["kind"] == "engine":
+            row += [_fmt(st["compile_s"], ".2f"), _fmt(st["capture_s"], ".2f"), _fmt(st["graph_gib"], ".3f")]
+            row += [f"{r['speedup_vs'][b]:.2f}x" for b in baselines]
+        else:
+            row += [f"{st['first_call_s']:.2f} (first call)", "-", "-"] + ["-"] * len(baselines)
+        row.append(f"{r['same_tokens_as_first']:.0%}")
+        rows.append(row)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def markdown_report(doc: dict[str, Any]) -> str:
+    env, s = doc["env"], doc["settings"]
+    bw = doc["bandwidth_Bps"]
+    lines = [
+        f"# {doc['model']}: generate latency, batch {s['batch_size']}, {s['input_len']} in, {s['output_len']} out",
+        "",
+        f"- date: {env['date']}; GPU: {env['gpu'] or 'none'}; torch {env['torch']}; transformers {env['transformers']}; "
+        f"custom-op kernels: {env.get('custom_op_kernels', 'not recorded')}",
+        f"- dtype {s['dtype']}; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls",
+        f"- weights read per decode step: {doc['weight_bytes_per_decode_step']:,} bytes; bandwidth: "
+        + (f"{bw:.3e} B/s ({doc['bandwidth_method']})" if bw else "not measured (no GPU), no floor"),
+        "- floor = output_len x weight bytes / bandwidth; 'vs X' = X's p50 / this mode's p50",
+        f"- command: `{env['command']}`",
+        *([EAGER_NOTE] if any(r["mode"] == "eager" for r in doc["results"]) else []),
+        "",
+        markdown_table(doc),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(doc: dict[str, Any], output_json: Path | None, results_dir: Path | None) -> list[Path]:
+    """Write the JSON to ``output_json`` and JSON + markdown to ``results_dir``; returns the paths."""
+    written = []
+    text = json.dumps(doc, indent=2)
+    if output_json is not None:
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(text)
+        written.append(output_json)
+    if results_dir is not None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        stem = f"{Path(doc['model']).name}-{stamp}"
+        (results_dir / f"{stem}.json").write_text(text)
+        (results_dir / f"{stem}.md").write_text(markdown_report(doc))
+        written += [results_dir / f"{stem}.json", results_dir / f"{stem}.md"]
+    return written

@@ -1,0 +1,123 @@
+"""Engine arguments as users give them (vLLM's names) -> checked values: device, dtype, lengths, the
+compilation config with the engine's capture-size default, the tokenizer and its EOS ids.
+
+Each resolver raises ``ValueError`` (or ``ConfigError``, a ``ValueError``) with one line naming the
+argument and the allowed values. The benchmark CLI and perf/ parse their flags with the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from reference.config import DEFAULT_MAX_CAPTURE_SIZE, CompilationConfig, config_fields, echo
+
+DEFAULT_MAX_MODEL_LEN = 2048  # cap on the default; long-context models would otherwise get huge KV caches
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_CAPTURE_FIELDS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+
+
+def check_positive(name: str, value: Any) -> None:
+    """``value`` is an int >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {echo(value)}")
+
+
+def resolve_device(device: "str | torch.device | None", name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device``: None is ``cuda`` if available, else ``cpu``.
+
+    Raises:
+        ValueError: not a device string, a device other than cpu or cuda, or cuda without CUDA; the
+            message starts with ``name``.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        # torch's own message repeats the string too, so it is left out
+        raise ValueError(f"{name}: expected e.g. 'cpu', 'cuda' or 'cuda:1', got {echo(device)}") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: expected a 'cpu' or 'cuda' device, got {echo(device)}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: {echo(device)} requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str, configured: Any, device: torch.device) -> torch.dtype:
+    """``dtype`` as a torch dtype; ``'auto'`` picks the checkpoint's ``configured`` dtype (str, dtype or
+    None) if it is one of ``DTYPES``, else bfloat16 on CUDA and float32 on CPU."""
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {['auto', *DTYPES]}, got {echo(dtype)}")
+        return DTYPES[dtype]
+    configured = DTYPES.get(configured, configured) if isinstance(configured, str) else configured
+    if configured in DTYPES.values():
+        return configured
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_max_model_len(max_model_len: int | None, max_positions: int) -> int:
+    """Tokens per sequence: default ``min(max_positions, 2048)``, at most ``max_positions``."""
+    if max_model_len is None:
+        return min(max_positions, DEFAULT_MAX_MODEL_LEN)
+    check_positive("max_model_len", max_model_len)
+    if max_model_len > max_positions:
+        raise ValueError(
+            f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings ({max_positions})"
+        )
+    return max_model_len
+
+
+def engine_config(value: Any, *, enforce_eager: bool, max_num_seqs: int) -> CompilationConfig:
+    """The engine's compilation config: ``value`` parsed, capture sizes defaulted to what decode needs,
+    ``enforce_eager`` applied.
+
+    Without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in ``value``, capture sizes go
+    up to ``min(max_num_seqs, 512)``: decode steps never have more tokens than sequences, and larger
+    (prefill) steps run compiled without graphs. A ``CompilationConfig`` object is used as built.
+
+    Raises:
+        ConfigError: ``value`` is invalid or contradicts ``enforce_eager``.
+    """
+    if not isinstance(value, CompilationConfig):
+        fields = config_fields(value)
+        if not any(f in fields for f in _CAPTURE_FIELDS):
+            fields["max_cudagraph_capture_size"] = min(max_num_seqs, DEFAULT_MAX_CAPTURE_SIZE)
+        value = fields
+    config = CompilationConfig.parse(value)
+    return config.for_eager() if enforce_eager else config
+
+
+def load_tokenizer(model: str, path: str | None):
+    """The transformers tokenizer at ``path`` (default: the model directory's, if it has one) or None.
+
+    Raises:
+        ValueError: ``path`` holds no loadable tokenizer.
+    """
+    if path is None:
+        if not (os.path.isdir(model) and any(os.path.exists(os.path.join(model, f)) for f in _TOKENIZER_FILES)):
+            return None
+        path = model
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {echo(path)}: {err}") from None
+
+
+def eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
+    """EOS ids from the model config (an int or a list; a multimodal config's text config too) and the
+    tokenizer."""
+    ids = set()
+    for config in (hf_config, getattr(hf_config, "text_config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else eos or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+

@@ -1,0 +1,131 @@
+"""Where one step's tokens come from and go to: the attention metadata the runner builds per step.
+
+Tokens are laid out sequence by sequence in one flat batch. KV cache layout per layer:
+``[2, rows, max_model_len, Hkv, D]`` (keys, values); sequence ``i`` of a batch owns row ``rows[i]`` and
+its token at position ``p`` lives at ``[:, rows[i], p]``. A contiguous row per sequence is the simplest
+cache that serves static batches; paged caches are out of scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens come from and go to. Built by the runner, read by the attention op.
+
+    Tokens are laid out sequence by sequence: sequence ``i`` contributes ``query_lens[i]`` consecutive
+    tokens. Tokens past ``num_actual_tokens`` are padding up to a CUDA-graph capture size; attention
+    neither reads nor writes their rows.
+
+    Attributes:
+        query_lens: new tokens per sequence this step (1 for every sequence in decode).
+        seq_lens: tokens per sequence in the cache after this step (context + new).
+        rows: KV-cache row of each sequence.
+        slot_mapping: [num_actual_tokens] int64 on the model's device; flat ``row * max_model_len + pos``.
+        seq_lens_tensor: [num_seqs] int64 on the device.
+        rows_tensor: [num_seqs] int64 on the device.
+        is_decode: every sequence adds exactly one token.
+        rows_index: ``rows`` as a slice when they are consecutive (cache views instead of gathers).
+    """
+
+    query_lens: list[int]
+    seq_lens: list[int]
+    rows: list[int]
+    slot_mapping: torch.Tensor
+    seq_lens_tensor: torch.Tensor
+    rows_tensor: torch.Tensor
+    is_decode: bool
+    rows_index: slice | list[int]
+    _masks: dict = field(default_factory=dict, repr=False)
+
+    @staticmethod
+    def slot_mapping_list(query_lens: list[int], seq_lens: list[int], rows: list[int], max_model_len: int) -> list[int]:
+        """The KV-cache slot of every new token (flat ``row * max_model_len + position``), checked.
+
+        Raises:
+            ValueError: lists of different lengths, a query longer than its sequence, or a sequence
+                longer than ``max_model_len``.
+        """
+        if not (len(query_lens) == len(seq_lens) == len(rows)) or not rows:
+            raise ValueError("query_lens, seq_lens and rows must have one entry per sequence (at least one)")
+        slots = []
+        for ql, sl, row in zip(query_lens, seq_lens, rows):
+            if not 0 < ql <= sl <= max_model_len:
+                raise ValueError(f"need 0 < query_len ({ql}) <= seq_len ({sl}) <= max_model_len ({max_model_len})")
+            slots.extend(range(row * max_model_len + sl - ql, row * max_model_len + sl))
+        return slots
+
+    @classmethod
+    def from_device(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        rows: list[int],
+        slot_mapping: torch.Tensor,
+        seq_lens_tensor: torch.Tensor,
+        rows_tensor: torch.Tensor,
+    ) -> "AttentionMetadata":
+        """Metadata from host lists and their device tensors, staged by the caller (the runner stages
+        them with the step's token ids in one copy; see :func:`int_lists_to_device`)."""
+        rows = list(rows)
+        consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+        return cls(
+            query_lens=list(query_lens),
+            seq_lens=list(seq_lens),
+            rows=rows,
+            slot_mapping=slot_mapping,
+            seq_lens_tensor=seq_lens_tensor,
+            rows_tensor=rows_tensor,
+            is_decode=all(q == 1 for q in query_lens),
+            rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
+        )
+
+    @classmethod
+    def build(
+        cls, query_lens: list[int], seq_lens: list[int], rows: list[int], max_model_len: int, device
+    ) -> "AttentionMetadata":
+        """Metadata for sequences that each append ``query_lens[i]`` tokens ending at ``seq_lens[i]``,
+        staged with one asynchronous host-to-device copy. Raises as :meth:`slot_mapping_list`."""
+        slots = cls.slot_mapping_list(query_lens, seq_lens, rows, max_model_len)
+        return cls.from_device(query_lens, seq_lens, rows, *int_lists_to_device([slots, seq_lens, rows], device))
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return len(self.slot_mapping)
+
+    def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
+        """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
+
+        Built once per step and window size, shared by all layers.
+        """
+        key = sliding_window
+        if key not in self._masks:
+            max_len = max(self.seq_lens)
+            needs_mask = min(self.seq_lens) != max_len or (sliding_window is not None and max_len > sliding_window)
+            mask = None
+            if needs_mask:
+                kpos = torch.arange(max_len, device=device)[None, :]  # [1, L]
+                lens = self.seq_lens_tensor[:, None]  # [B, 1]
+                mask = kpos < lens
+                if sliding_window is not None:
+                    mask &= kpos > lens - 1 - sliding_window
+                mask = mask[:, None, None, :]
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+def int_lists_to_device(lists: list[list[int]], device) -> list[torch.Tensor]:
+    """int64 device tensors for ``lists`` via one pinned host buffer and one non-blocking copy.
+
+    A plain ``torch.tensor(..., device='cuda')`` copies from pageable memory and waits for the GPU to
+    drain; per step that would serialise the host with the device several times.
+    """
+    device = torch.device(device)
+    flat = [x for values in lists for x in values]
+    host = torch.tensor(flat, dtype=torch.int64, pin_memory=device.type == "cuda")
+    staged = host.to(device, non_blocking=True)
+    return list(staged.split([len(values) for values in lists]))

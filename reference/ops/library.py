@@ -1,0 +1,78 @@
+"""The project's ``torch.library`` ops: one call defines an op from its reference implementation.
+
+An opaque op is what Dynamo keeps as one graph node and what a CUDA kernel can replace. Each op of the
+project is written once, as plain torch code (its *reference*), and :func:`define_op` makes that code the
+op's implementation on every device, its fake (shape) implementation for tracing, and, on CUDA with
+Triton, swaps in a kernel. Layers call the reference in ``forward_native`` and the op in
+``forward_custom`` (see :mod:`reference.ops.custom_op`).
+
+Splitting ops. The ops the piecewise backend runs eagerly between CUDA graphs by default (attention and
+its stand-ins) carry ``torch.Tag.cudagraph_unsafe``, torch's own marker for an op that must not be
+captured (Inductor's graph partition cuts at it too). :func:`register_direct_call` lets the backend call
+such an op's Python function without the dispatcher.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Sequence
+
+import torch
+
+NAMESPACE = "reference"
+# On CUDA the custom ops run Triton kernels when Triton is installed (it ships with CUDA builds of torch);
+# otherwise, and on CPU, they run their reference torch implementation.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+SPLITTING_TAG = torch.Tag.cudagraph_unsafe
+
+_DIRECT_CALLS: dict[str, Callable] = {}
+
+
+def kernel_backend(device: "str | torch.device") -> str:
+    """Which implementation the custom ops use on ``device``: ``'triton'`` or ``'torch'``."""
+    return "triton" if HAS_TRITON and torch.device(device).type == "cuda" else "torch"
+
+
+def define_op(
+    name: str,
+    impl: Callable,
+    *,
+    mutates_args: Sequence[str] = (),
+    fake: Callable | None = None,
+    cuda: Callable | None = None,
+    splitting: bool = False,
+):
+    """Define op ``reference::<name>`` running ``impl``; returns ``torch.ops.reference.<name>``, the op as
+    Dynamo records it (callable like ``impl``).
+
+    Args:
+        name: the op's name in the ``reference`` namespace.
+        impl: fully type-annotated function (torch.library infers the schema from the annotations); the
+            op's implementation on every device without a ``cuda`` kernel.
+        mutates_args: names of the arguments ``impl`` writes into.
+        fake: shape-only implementation for tracing; default ``impl`` itself, which is right for an op
+            that returns new tensors computed by torch code (fake tensors carry the shapes through).
+        cuda: implementation on CUDA devices, used only when Triton is installed.
+        splitting: tag the op ``torch.Tag.cudagraph_unsafe``: a default splitting op.
+    """
+    op = torch.library.custom_op(
+        f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args), tags=(SPLITTING_TAG,) if splitting else ()
+    )(impl)
+    op.register_fake(fake or impl)
+    if cuda is not None and HAS_TRITON:
+        op.register_kernel("cuda")(cuda)
+    return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def register_direct_call(qualname: str, fn: Callable) -> None:
+    """Declare ``fn`` (same signature and effect as op ``qualname``) safe to call without the dispatcher.
+
+    The piecewise backend uses it for splitting ops, which run eagerly between CUDA graphs where the
+    dispatcher's Python-op overhead is paid on every call of every layer.
+    """
+    _DIRECT_CALLS[qualname] = fn
+
+
+def direct_call(qualname: str) -> Callable | None:
+    """The function registered for op ``qualname`` with :func:`register_direct_call`, if any."""
+    return _DIRECT_CALLS.get(qualname)
