@@ -89,7 +89,7 @@ class CompilationConfig:
       lazy initialisation (cuBLAS handles, autotuning) happens outside the graph.
     * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
-      address it had at capture; raises naming the piece and size. Costs a few microseconds per piece.
+      address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
 
     Raises:
         ConfigError: a field has the wrong type or value, or two fields contradict each other.

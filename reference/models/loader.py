@@ -64,7 +64,7 @@ def hf_shapes(config) -> dict[str, torch.Size]:
     """transformers' state-dict names and shapes for ``config``, in transformers' order.
 
     Builds ``AutoModelForCausalLM.from_config(config)`` on the meta device, so nothing is allocated
-    (about 0.2 s for an 80-layer model). Non-persistent buffers (rotary ``inv_freq``) are not included.
+    (no memory, little time). Non-persistent buffers (rotary ``inv_freq``) are not included.
     """
     with torch.device("meta"):
         hf_model = AutoModelForCausalLM.from_config(copy.deepcopy(config))  # a copy: it may set attributes
