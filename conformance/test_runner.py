@@ -27,11 +27,11 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 # ---------------------------------------------------------------------- padding
 def test_padded_size_is_the_smallest_capture_size_that_fits():
-    runner = make_runner("no_inductor", HF, max_num_batched_tokens=40)
-    assert runner.capture_sizes == ()  # CPU: no CUDA graphs, so nothing to pad to
-    assert [runner.padded_size(n) for n in range(1, 41)] == list(range(1, 41))
     sizes = (1, 2, 4, 8, 16, 24)
-    runner.capture_sizes = sizes  # what a CUDA runner with these capture sizes holds
+    runner = make_runner("no_inductor", HF, max_num_batched_tokens=40, cudagraph_capture_sizes=list(sizes))
+    assert runner.capture_sizes == sizes  # padded on every device, the CPU included
+    eager = make_runner("eager", HF, max_num_batched_tokens=40)
+    assert eager.capture_sizes == () and eager.padded_size(3) == 3  # no graphs, no padding
     for n in range(1, 41):
         padded = runner.padded_size(n)
         if n > max(sizes):
@@ -51,9 +51,10 @@ def test_capture_sizes_above_the_token_budget_are_dropped():
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
 def test_padding_rows_do_not_change_the_real_rows(mode):
-    """A runner that pads (as on CUDA) gives the same logits as one that does not."""
-    plain, padded = make_runner(mode, HF), make_runner(mode, HF)
-    padded.capture_sizes = (4, 8, 16)  # pad as a CUDA runner with these capture sizes would
+    """A runner that pads gives the same logits as one that does not."""
+    unpadded = {} if mode == "eager" else {"cudagraph_mode": "none"}  # no graphs: no capture sizes to pad to
+    plain, padded = make_runner(mode, HF, **unpadded), make_runner(mode, HF)
+    padded.capture_sizes = (4, 8, 16)  # eager has no capture sizes of its own: pad it as a piecewise runner would
     seen = []
 
     class RecordSizes:  # stands in for the compiled model and records the token count of each call

@@ -6,7 +6,9 @@ The runner is the only caller of the compiled model, and it keeps the promises C
   never change between capture and replay.
 * A step of ``n`` tokens runs at the smallest capture size ``T >= n`` (padding rows ``n..T`` hold stale
   but valid token ids and positions); attention ignores padding rows, and only the real rows are read
-  back. Steps larger than the largest capture size run at their own size, without graphs.
+  back. Steps larger than the largest capture size run at their own size, without graphs. Steps are
+  padded whenever ``cudagraph_mode`` is piecewise, on a CPU too (where nothing is captured), so every
+  device runs the same shapes and a padding fault shows on any of them.
 * The model's output aliases graph memory; the runner gathers the rows it needs into a fresh tensor
   before the next step can overwrite it.
 """
@@ -60,6 +62,10 @@ class ModelRunner:
         max_model_len: tokens per sequence (prompt + generated) the cache holds.
         max_num_batched_tokens: most tokens in one step (buffers are this long); default
             ``max_num_seqs * max_model_len``. Capture sizes above it are not captured.
+        compile_fn: ``(model, config) -> callable`` with ``model.forward``'s signature, the compiled
+            model the runner calls; default the reference's :func:`~reference.compilation.compile_model`
+            (the conformance suite passes other implementations' here). A callable with an
+            ``awaits_trace`` attribute (True until its first call) gets a first call of at least 2 tokens.
 
     Raises:
         ValueError: a size is not positive.
@@ -73,6 +79,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         max_num_batched_tokens: int | None = None,
+        compile_fn: Callable[[nn.Module, CompilationConfig], Callable] | None = None,
     ):
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len)):
             if value < 1:
@@ -83,7 +90,10 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
-        self.compiled = compile_model(model, config, check_inputs=False)  # inputs are our own static buffers
+        if compile_fn is None:  # the reference; inputs are our own static buffers, so no per-call check
+            self.compiled = compile_model(model, config, check_inputs=False)
+        else:
+            self.compiled = compile_fn(model, config)
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         for layer in self.attention_layers.values():
             layer.kv_cache = torch.zeros(
@@ -94,7 +104,7 @@ class ModelRunner:
         self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.use_cuda_graphs = config.cudagraph_mode == "piecewise" and self.device.type == "cuda"
-        sizes = config.cudagraph_capture_sizes if self.use_cuda_graphs else ()
+        sizes = config.cudagraph_capture_sizes if config.cudagraph_mode == "piecewise" else ()
         self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
         skipped = [s for s in sizes if s > self.max_num_tokens]
         if skipped and not self.capture_sizes:
@@ -171,7 +181,7 @@ class ModelRunner:
         self.input_ids[:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
         size = self.padded_size(n)
-        if self.compiled.awaits_trace:
+        if getattr(self.compiled, "awaits_trace", False):
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
         with set_forward_context(ForwardContext(metadata, self.attention_layers)):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
@@ -180,7 +190,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ start-up
     @torch.inference_mode()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> StartupStats:
-        """Compile (first call) and capture every capture size, largest first; returns the costs.
+        """Compile (first call) and, on CUDA, capture every capture size, largest first; returns the costs.
 
         Capturing the largest size first lets smaller sizes reuse its pool memory.
 
@@ -195,7 +205,7 @@ class ModelRunner:
         self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
         self._sync()
         self.startup.compile_s = time.perf_counter() - start
-        if self.capture_sizes:
+        if self.use_cuda_graphs and self.capture_sizes:
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
             for size in sorted(self.capture_sizes, reverse=True):
