@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 
+from conformance.implementation import Implementation
+from conformance.implementation import make_runner as runner_for
 from reference.config import MODES as MODE_FIELDS
 from reference.config import CompilationConfig, mode_config
 from reference.engine import ModelRunner
@@ -80,6 +82,7 @@ def build_llama(
 
 
 def make_runner(
+    impl: Implementation,
     mode: str,
     hf_config: LlamaConfig,
     *,
@@ -91,10 +94,11 @@ def make_runner(
     weights_rounded_to: torch.dtype | None = None,
     **config_overrides,
 ) -> ModelRunner:
-    """A :class:`ModelRunner` over :func:`build_llama` (seed 0) in model mode ``mode``."""
+    """The project's runner over ``impl``'s compiled :func:`build_llama` (seed 0) in model mode ``mode``."""
     config = mode_config(mode, **config_overrides)
     model = build_llama(hf_config, config, device=device, dtype=dtype, weights_rounded_to=weights_rounded_to)
-    return ModelRunner(
+    return runner_for(
+        impl,
         model,
         config,
         max_num_seqs=max_num_seqs,

@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM
 
 from conformance.driver import run_steps
 from conformance.helpers import perturb_norms, token_ids
+from conformance.implementation import Implementation, make_runner
 from reference.config import mode_config
-from reference.engine import ModelRunner
 from reference.models.loader import hf_state_dict
 from reference.models.presets import PRESETS
 from reference.models.registry import build_model, model_config
@@ -135,18 +135,20 @@ class OracleCase:
 
     Args:
         model: a tiny preset name or a checkpoint directory (the oracle runs on the CPU).
+        impl: the implementation under test, whose compiled forward runs our side.
         prompt_lens, decode_steps, extend_len, seed: the transcript (see :func:`oracle_transcript`).
     """
 
     def __init__(
         self,
         model: str | Path,
+        impl: Implementation,
         prompt_lens: tuple[int, ...] = (3, 7, 12),
         decode_steps: int = 6,
         extend_len: int = 3,
         seed: int = 0,
     ):
-        self.model = model
+        self.model, self.impl = model, impl
         self.sources = {"cpu": build_source_model(model, seed)}
         self.config = self.sources["cpu"].config
         oracle = build_oracle(model, self.sources["cpu"])
@@ -174,7 +176,7 @@ class OracleCase:
                 share_weights_with=self.sources[device],
             )
             rows = len(self.transcript.steps[0])
-            runner = ModelRunner(model, config, max_num_seqs=rows, max_model_len=self.transcript.max_seq_len)
+            runner = make_runner(self.impl, model, config, max_num_seqs=rows, max_model_len=self.transcript.max_seq_len)
             runner.warm_up()
             self._ours[key] = run_steps(runner, self.transcript.steps)
         return self._ours[key]

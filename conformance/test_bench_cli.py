@@ -14,10 +14,15 @@ from reference.benchmark.latency import mode_kwargs
 from reference.benchmark.timing import latency_stats
 from reference.config import CompilationConfig, config_fields
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 TINY_RUN = ["--batch-size", "2", "--input-len", "3", "--output-len", "2", "--num-iters-warmup", "1", "--num-iters", "2"]
 LONG = "x" * 100_000  # a pasted blob: error messages must not echo all of it
 
 
+@pytest.mark.eager
+@pytest.mark.no_inductor
 def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_path, capsys):
     argv = ["--model", "llama-tiny", *TINY_RUN, "--modes", "eager,no_inductor", "--device", "cpu"]
     argv += ["--output-json", str(tmp_path / "out.json"), "--results-dir", str(tmp_path / "results")]
@@ -53,6 +58,7 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     assert "| eager |" in printed and "| no_inductor |" in printed
 
 
+@pytest.mark.eager
 def test_baselines_run_on_the_same_weights_and_get_speedup_columns(tmp_path):
     argv = ["--model", "llama-tiny", *TINY_RUN, "--modes", "eager", "--device", "cpu", "--baselines", "hf-eager"]
     argv += ["--num-iters-baseline", "1", "--output-json", str(tmp_path / "out.json")]
@@ -66,6 +72,7 @@ def test_baselines_run_on_the_same_weights_and_get_speedup_columns(tmp_path):
     assert baseline["same_tokens_as_first"] == 1.0
 
 
+@pytest.mark.eager
 def test_zero_warm_up_calls_time_every_call(tmp_path):
     # vLLM allows --num-iters-warmup 0; then the first (cold) call is one of the timed ones
     argv = ["--model", "llama-tiny", "--batch-size", "1", "--input-len", "2", "--output-len", "2", "--device", "cpu"]
@@ -100,46 +107,89 @@ MODE_FIELD_ERROR = (
     r"\(eager: level 0; no_inductor: level 3, use_inductor=False; inductor: level 3, use_inductor=True\)"
 )
 BAD_FLAGS = [
-    (["--modes", "eager,fast"], r"argument --modes: unknown \['fast'\]"),
-    (["--modes", "eager,eager"], "argument --modes: 'eager,eager' names a mode twice"),
-    (["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]"),
-    (["--compilation-config", "{level: 3"], "argument --compilation-config: .*neither JSON"),
-    (["--compilation-config", '{"levle": 3}'], r"argument --compilation-config: .*unknown key\(s\) \['levle'\]"),
-    (
+    pytest.param(["--modes", "eager,fast"], r"argument --modes: unknown \['fast'\]", id="unknown-mode"),
+    pytest.param(["--modes", "eager,eager"], "argument --modes: 'eager,eager' names a mode twice", id="mode-twice"),
+    pytest.param(["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]", id="unknown-baseline"),
+    pytest.param(
+        ["--compilation-config", "{level: 3"], "argument --compilation-config: .*neither JSON", id="unclosed-config"
+    ),
+    pytest.param(
+        ["--compilation-config", '{"levle": 3}'],
+        r"argument --compilation-config: .*unknown key\(s\) \['levle'\]",
+        id="unknown-config-key",
+    ),
+    pytest.param(
         ["--modes", "no_inductor", "--compilation-config", "{'inductor_compile_config': {'max_autotune': True}}"],
         "--compilation-config: with mode 'no_inductor': inductor_compile_config is set but use_inductor=False",
+        id="inductor-options-with-inductor-off",
     ),
-    (["--modes", "eager", "--compilation-config", "{'level': 3}"], "--compilation-config applies only to compiled"),
-    (["--enforce-eager", "--compilation-config", "{'level': 3}"], "--compilation-config .*--enforce-eager"),
-    (["--enforce-eager", "--modes", "inductor"], "--enforce-eager contradicts --modes inductor"),
-    # the fields that define a mode come from --modes only: an override would run another mode under its label
-    (["--modes", "inductor", "--compilation-config", "0"], MODE_FIELD_ERROR.format(fields="level")),
-    (
+    pytest.param(
+        ["--modes", "eager", "--compilation-config", "{'level': 3}"],
+        "--compilation-config applies only to compiled",
+        id="config-with-only-eager",
+    ),
+    pytest.param(
+        ["--enforce-eager", "--compilation-config", "{'level': 3}"],
+        "--compilation-config .*--enforce-eager",
+        id="config-with-enforce-eager",
+    ),
+    pytest.param(
+        ["--enforce-eager", "--modes", "inductor"],
+        "--enforce-eager contradicts --modes inductor",
+        id="enforce-eager-and-other-modes",
+    ),
+    pytest.param(
+        ["--modes", "inductor", "--compilation-config", "0"],
+        MODE_FIELD_ERROR.format(fields="level"),
+        id="config-sets-level",
+    ),
+    pytest.param(
         ["--modes", "no_inductor", "--compilation-config", "{'cudagraph_mode': 'none'}"],
         MODE_FIELD_ERROR.format(fields="cudagraph_mode"),
+        id="config-sets-cudagraph-mode",
     ),
-    (
+    pytest.param(
         ["--modes", "no_inductor", "--compilation-config", "{'use_inductor': True}"],
         MODE_FIELD_ERROR.format(fields="use_inductor"),
+        id="config-sets-use-inductor",
     ),
-    (
+    pytest.param(
         ["--compilation-config", "{'level': 2, 'use_inductor': False}"],
         MODE_FIELD_ERROR.format(fields="level, use_inductor"),
+        id="config-sets-level-and-use-inductor",
     ),
-    (["--modes", ""], "argument --modes: no mode given"),
-    (["--modes", " , "], "argument --modes: no mode given"),
-    (["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'"),
-    (["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'"),
-    (["--num-iters-baseline", "0"], "argument --num-iters-baseline: expected an int >= 1, got '0'"),
-    (["--num-iters-warmup", "-1"], "argument --num-iters-warmup: expected an int >= 0, got '-1'"),
-    (["--num-iters-warmup-baseline", "x"], "argument --num-iters-warmup-baseline: expected an int >= 0, got 'x'"),
-    (["--model", "no-such-model"], "argument --model: model: 'no-such-model' is neither a preset"),
-    (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
-    (["--input-len", "1000", "--output-len", "100"], r"--input-len \+ --output-len = 1100 exceeds"),
+    pytest.param(["--modes", ""], "argument --modes: no mode given", id="empty-modes"),
+    pytest.param(["--modes", " , "], "argument --modes: no mode given", id="blank-modes"),
+    pytest.param(["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'", id="batch-size-0"),
+    pytest.param(["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'", id="num-iters-0"),
+    pytest.param(
+        ["--num-iters-baseline", "0"],
+        "argument --num-iters-baseline: expected an int >= 1, got '0'",
+        id="num-iters-baseline-0",
+    ),
+    pytest.param(
+        ["--num-iters-warmup", "-1"],
+        "argument --num-iters-warmup: expected an int >= 0, got '-1'",
+        id="num-iters-warmup-negative",
+    ),
+    pytest.param(
+        ["--num-iters-warmup-baseline", "x"],
+        "argument --num-iters-warmup-baseline: expected an int >= 0, got 'x'",
+        id="num-iters-warmup-baseline-not-int",
+    ),
+    pytest.param(
+        ["--model", "no-such-model"], "argument --model: model: 'no-such-model' is neither a preset", id="unknown-model"
+    ),
+    pytest.param(["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'", id="unknown-dtype"),
+    pytest.param(
+        ["--input-len", "1000", "--output-len", "100"],
+        r"--input-len \+ --output-len = 1100 exceeds",
+        id="lengths-past-max-positions",
+    ),
 ]
 
 
-@pytest.mark.parametrize("argv, message", BAD_FLAGS, ids=[" ".join(argv)[:45] for argv, _ in BAD_FLAGS])
+@pytest.mark.parametrize("argv, message", BAD_FLAGS)
 def test_bad_flags_exit_with_code_2_and_name_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", "toy-llama", *argv])
@@ -197,13 +247,31 @@ def test_help_lists_every_flag(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--model", "--batch-size", "--input-len", "--output-len", "--num-iters-warmup", "--num-iters",
-                 "--compilation-config", "--enforce-eager", "--dtype", "--device", "--modes", "--baselines",
-                 "--output-json", "--results-dir", "--num-iters-baseline", "--num-iters-warmup-baseline"):
+    for flag in (
+        "--model",
+        "--batch-size",
+        "--input-len",
+        "--output-len",
+        "--num-iters-warmup",
+        "--num-iters",
+        "--compilation-config",
+        "--enforce-eager",
+        "--dtype",
+        "--device",
+        "--modes",
+        "--baselines",
+        "--output-json",
+        "--results-dir",
+        "--num-iters-baseline",
+        "--num-iters-warmup-baseline",
+    ):
         assert flag in out
 
 
 @pytest.mark.gpu
+@pytest.mark.eager
+@pytest.mark.no_inductor
+@pytest.mark.inductor
 def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
     argv = ["--model", "llama-tiny", *TINY_RUN, "--device", "cuda", "--output-json", str(tmp_path / "out.json")]
     main(argv)

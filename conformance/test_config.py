@@ -8,6 +8,9 @@ import pytest
 
 from reference.config import CompilationConfig, ConfigError, default_capture_sizes
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 NO_INDUCTOR_ALL_OPS = CompilationConfig(use_inductor=False, custom_ops=("all",))
 
 

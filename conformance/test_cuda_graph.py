@@ -23,7 +23,7 @@ from conformance.helpers import (
     small_llama_config,
     token_ids,
 )
-from reference.compilation import compile_model, expect_counters
+from reference.compilation import expect_counters
 from reference.config import default_capture_sizes, mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, toy_llama_config
@@ -38,10 +38,12 @@ def _prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[list[in
 
 
 # ---------------------------------------------------------------------- capture at warm-up
+@pytest.mark.requires("counters")
+@pytest.mark.eager
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_warm_up_captures_every_piece_at_every_size_once(mode):
+def test_warm_up_captures_every_piece_at_every_size_once(mode, impl):
     hf = small_llama_config()  # 2 layers: 3 capturable pieces around 2 attention calls
-    runner = make_runner(mode, hf, **BF16, max_cudagraph_capture_size=16)
+    runner = make_runner(impl, mode, hf, **BF16, max_cudagraph_capture_size=16)
     sizes = runner.capture_sizes
     assert sizes == (1, 2, 4, 8, 16)
     with expect_counters(num_graphs_seen=1, num_cudagraph_captured=(hf.num_hidden_layers + 1) * len(sizes)):
@@ -54,12 +56,13 @@ def test_warm_up_captures_every_piece_at_every_size_once(mode):
 
 
 # ---------------------------------------------------------------------- inputs must not move
+@pytest.mark.requires("address_checks")
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_debug_addresses_names_the_piece_and_size_when_an_input_moved(mode):
+def test_debug_addresses_names_the_piece_and_size_when_an_input_moved(mode, impl):
     config = mode_config(
         mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[2], debug_cudagraph_addresses=True
     )
-    compiled = compile_model(SillyModel(), config)
+    compiled = impl.compile(SillyModel(), config)
     x = torch.randn(2, 8, device="cuda")
     for _ in range(3):  # warm-up, capture, replay from the captured address: no complaint
         compiled(x)
@@ -68,13 +71,14 @@ def test_debug_addresses_names_the_piece_and_size_when_an_input_moved(mode):
         compiled(moved)
 
 
+@pytest.mark.requires("address_checks")
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_debug_addresses_catches_a_parameter_reassigned_after_capture(mode):
+def test_debug_addresses_catches_a_parameter_reassigned_after_capture(mode, impl):
     config = mode_config(
         mode, splitting_ops=TOY_SPLITTING_OPS, cudagraph_capture_sizes=[4], debug_cudagraph_addresses=True
     )
     model = ToyLlama(toy_llama_config(1), CustomOpSelection(config)).cuda()
-    compiled = compile_model(model, config)
+    compiled = impl.compile(model, config)
     tokens = StaticTokens(4, "cuda")
     with torch.no_grad():
         for _ in range(3):
@@ -88,7 +92,7 @@ def test_debug_addresses_catches_a_parameter_reassigned_after_capture(mode):
 
 # ---------------------------------------------------------------------- memory
 @pytest.mark.parametrize("mode", ["no_inductor"])  # the pool is the graphs' business, not the compiler's
-def test_all_capture_sizes_share_the_memory_of_the_largest(mode):
+def test_all_capture_sizes_share_the_memory_of_the_largest(mode, impl):
     """Graphs of all 67 default sizes up to 512 cost about what the size-512 graphs alone cost.
 
     The model is sized so activations at 512 tokens take tens of MiB (H=1024, I=4096, bf16). Without a
@@ -107,7 +111,7 @@ def test_all_capture_sizes_share_the_memory_of_the_largest(mode):
     )
 
     def graph_gib(sizes: list[int]) -> float:
-        runner = make_runner(mode, hf, **BF16, max_num_seqs=2, max_model_len=512, cudagraph_capture_sizes=sizes)
+        runner = make_runner(impl, mode, hf, **BF16, max_num_seqs=2, max_model_len=512, cudagraph_capture_sizes=sizes)
         gib = runner.warm_up().graph_gib
         del runner
         torch._dynamo.reset()  # Dynamo's cache holds the compiled model, and with it the graphs and their pool
@@ -123,12 +127,14 @@ def test_all_capture_sizes_share_the_memory_of_the_largest(mode):
 
 
 # ---------------------------------------------------------------------- sizes without a graph of their own
+@pytest.mark.requires("counters")
+@pytest.mark.eager
 @pytest.mark.parametrize("mode", ["no_inductor"])  # bitwise needs eager's kernels; Inductor: the odd-batch test
-def test_steps_larger_than_the_largest_capture_size_run_without_graphs_and_match_eager(mode):
+def test_steps_larger_than_the_largest_capture_size_run_without_graphs_and_match_eager(mode, impl):
     hf = small_llama_config()
     runners = {
-        "eager": make_runner("eager", hf, **BF16),
-        mode: make_runner(mode, hf, **BF16, max_cudagraph_capture_size=16),
+        "eager": make_runner(impl, "eager", hf, **BF16),
+        mode: make_runner(impl, mode, hf, **BF16, max_cudagraph_capture_size=16),
     }
     for runner in runners.values():
         runner.warm_up()
@@ -141,8 +147,9 @@ def test_steps_larger_than_the_largest_capture_size_run_without_graphs_and_match
         assert torch.equal(actual, eager), f"step {step}: max diff {(actual - eager).abs().max()}"
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_odd_batch_sizes_are_padded_and_sliced_correctly(mode):
+def test_odd_batch_sizes_are_padded_and_sliced_correctly(mode, impl):
     """Decode batches of 3, 5, 7 and 13 sequences run padded to 4, 8, 8 and 16 tokens.
 
     Not bitwise: padding changes the GEMMs' row count, and cuBLAS may pick other kernels or split-K.
@@ -152,10 +159,10 @@ def test_odd_batch_sizes_are_padded_and_sliced_correctly(mode):
     hf = small_llama_config()
     runners = {
         "reference": make_runner(
-            "eager", hf, device="cuda", dtype=torch.float32, max_num_seqs=16, weights_rounded_to=torch.bfloat16
+            impl, "eager", hf, device="cuda", dtype=torch.float32, max_num_seqs=16, weights_rounded_to=torch.bfloat16
         ),
-        "eager": make_runner("eager", hf, **BF16, max_num_seqs=16),
-        mode: make_runner(mode, hf, **BF16, max_num_seqs=16, max_cudagraph_capture_size=64),
+        "eager": make_runner(impl, "eager", hf, **BF16, max_num_seqs=16),
+        mode: make_runner(impl, mode, hf, **BF16, max_num_seqs=16, max_cudagraph_capture_size=64),
     }
     for runner in runners.values():
         runner.warm_up()

@@ -22,6 +22,9 @@ from reference.config import CompilationConfig, ConfigError, mode_config
 from reference.models.llama import LlamaForCausalLM, llama_rotary
 from reference.ops import CustomOp, CustomOpSelection, GeluTanhAndMul, RMSNorm, SiluAndMul, registered_custom_ops
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding"}
 EXACT = dict(rtol=0, atol=0)  # see the module docstring
 

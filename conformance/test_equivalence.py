@@ -25,7 +25,6 @@ from conformance.helpers import (
     small_llama_config,
     token_ids,
 )
-from reference.compilation import compile_model
 from reference.config import mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, expected_hidden, toy_llama_config
@@ -56,7 +55,7 @@ TOY_CASES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode, splitting_ops, custom_ops", TOY_CASES)
-def test_toy_llama_matches_its_closed_form(mode, splitting_ops, custom_ops, device):
+def test_toy_llama_matches_its_closed_form(mode, splitting_ops, custom_ops, device, impl):
     overrides = {"cudagraph_capture_sizes": CAPTURE_SIZES}
     if splitting_ops is not None:
         overrides["splitting_ops"] = splitting_ops
@@ -64,7 +63,7 @@ def test_toy_llama_matches_its_closed_form(mode, splitting_ops, custom_ops, devi
         overrides["custom_ops"] = custom_ops
     config = mode_config(mode, **overrides)
     hf = toy_llama_config(num_layers=2)
-    compiled = compile_model(ToyLlama(hf, CustomOpSelection(config)).to(device), config)
+    compiled = impl.compile(ToyLlama(hf, CustomOpSelection(config)).to(device), config)
     tokens = StaticTokens(max(TOY_CALL_SIZES), device)
     with torch.no_grad():
         for call, size in enumerate(TOY_CALL_SIZES):
@@ -77,9 +76,9 @@ def test_toy_llama_matches_its_closed_form(mode, splitting_ops, custom_ops, devi
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
-def test_silly_model_matches_its_closed_form(mode, device):
+def test_silly_model_matches_its_closed_form(mode, device, impl):
     config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[2, 4])
-    compiled = compile_model(SillyModel(), config)
+    compiled = impl.compile(SillyModel(), config)
     buffer = torch.zeros(4, 16, device=device)
     for size in (4, 4, 4, 2, 2, 2, 3, 4):
         x = buffer[:size]
@@ -94,14 +93,16 @@ LLAMA_DEVICES = [
 ]
 
 
+@pytest.mark.eager
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("device, dtype", LLAMA_DEVICES)
-def test_no_inductor_is_bitwise_equal_to_eager_with_the_same_custom_ops(device, dtype):
+def test_no_inductor_is_bitwise_equal_to_eager_with_the_same_custom_ops(device, dtype, impl):
     """Prefill (24 tokens) and decode (4 tokens) both run at capture sizes, so on CUDA every step replays
     CUDA graphs; the second round, with other prompts, replays the same graphs on new input contents and
     would expose a graph reading a buffer that was reallocated since capture."""
     hf = small_llama_config()
     runners = {
-        mode: make_runner(mode, hf, device=device, dtype=dtype, max_cudagraph_capture_size=32)
+        mode: make_runner(impl, mode, hf, device=device, dtype=dtype, max_cudagraph_capture_size=32)
         for mode in ("eager", "no_inductor")
     }
     assert runners["no_inductor"].config.custom_ops == ("all",)
@@ -116,13 +117,15 @@ def test_no_inductor_is_bitwise_equal_to_eager_with_the_same_custom_ops(device, 
             assert torch.equal(mode, eager), f"round {round_} step {step}: max diff {(mode - eager).abs().max()}"
 
 
-def test_inductor_is_at_most_twice_as_far_as_eager_from_float64_on_cpu():
+@pytest.mark.eager
+@pytest.mark.inductor
+def test_inductor_is_at_most_twice_as_far_as_eager_from_float64_on_cpu(impl):
     """Inductor (float32, fused) vs eager (float32) against the same weights run in float64."""
     hf = small_llama_config(num_hidden_layers=1)  # one layer: Inductor compiles take seconds on CPU
     runners = {
-        "reference": make_runner("eager", hf, dtype=torch.float64),
-        "eager": make_runner("eager", hf),
-        "inductor": make_runner("inductor", hf),
+        "reference": make_runner(impl, "eager", hf, dtype=torch.float64),
+        "eager": make_runner(impl, "eager", hf),
+        "inductor": make_runner(impl, "inductor", hf),
     }
     for runner in runners.values():
         runner.warm_up()

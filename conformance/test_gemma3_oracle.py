@@ -26,8 +26,8 @@ PRESET = "gemma-3-tiny"
 
 
 @pytest.fixture(scope="module")
-def case() -> OracleCase:
-    case = OracleCase(PRESET)
+def case(impl) -> OracleCase:
+    case = OracleCase(PRESET, impl)
     lens = [len(prompt) for prompt in case.transcript.steps[0]]
     window = case.config.sliding_window
     # The checks below only mean something if the transcript crosses the window both ways.
@@ -42,6 +42,8 @@ def test_logits_match_transformers_over_prefill_decode_and_extend(case, mode, de
     case.assert_matches_oracle(mode, device)
 
 
+@pytest.mark.eager
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_inductor_is_bitwise_equal_to_eager(case, device):
     case.assert_no_inductor_bitwise_equal_to_eager(device)
@@ -56,6 +58,7 @@ def test_no_inductor_is_bitwise_equal_to_eager(case, device):
         ("layer_types", ["sliding_attention", "chunked_attention", "full_attention"]),
     ],
 )
+@pytest.mark.requires("components")
 def test_unsupported_config_is_rejected_naming_the_field(field, value):
     # set after construction: some transformers versions (5.17) reject an unknown layer type themselves
     config = Gemma3TextConfig(**GEMMA_3_TINY)
@@ -64,6 +67,7 @@ def test_unsupported_config_is_rejected_naming_the_field(field, value):
         Gemma3ForCausalLM(config, CustomOpSelection(mode_config("eager")))
 
 
+@pytest.mark.requires("components")
 def test_gemma_3_4b_preset_has_the_published_parameter_count():
     # Gemma 3 technical report, Table 1: the 4B's language model has 3,209M non-embedding parameters.
     model = build_model("gemma-3-4b", CustomOpSelection(mode_config("eager")), dtype=torch.bfloat16, device="meta")

@@ -22,14 +22,11 @@ from reference.models.registry import model_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama"
 MODELS = {"llama-tiny": "llama-tiny", "fixture": str(FIXTURE)}
-_CASES: dict[str, OracleCase] = {}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
-def case(request) -> OracleCase:
-    if request.param not in _CASES:
-        _CASES[request.param] = OracleCase(MODELS[request.param], prompt_lens=(5, 12, 1, 8), decode_steps=4)
-    return _CASES[request.param]
+def case(request, impl) -> OracleCase:
+    return OracleCase(MODELS[request.param], impl, prompt_lens=(5, 12, 1, 8), decode_steps=4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -38,11 +35,14 @@ def test_logits_match_transformers_over_prefill_decode_and_extend(case, mode, de
     case.assert_matches_oracle(mode, device)
 
 
+@pytest.mark.eager
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_inductor_is_bitwise_equal_to_eager(case, device):
     case.assert_no_inductor_bitwise_equal_to_eager(device)
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("mode", ["eager", "no_inductor"])
 def test_custom_ops_on_cpu_are_bitwise_equal_to_forward_native(case, mode):
     """On CPU a custom op runs the very function ``forward_native`` calls (reference.ops.library), and
@@ -53,6 +53,7 @@ def test_custom_ops_on_cpu_are_bitwise_equal_to_forward_native(case, mode):
         torch.testing.assert_close(ours, expected, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
 
 
+@pytest.mark.requires("components")
 def test_llama_tiny_rope_frequencies_span_all_llama3_bands():
     """llama-tiny exists to exercise llama3 scaling: some frequencies must be kept, some divided by the
     factor and some interpolated between the two (Meta's scheme, as transformers implements it)."""

@@ -14,6 +14,9 @@ from reference.config import ConfigError
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 TINY_CHECKPOINT = Path(__file__).parents[1] / "fixtures" / "tiny-llama"
 ENGINE_MODES = ("eager", "no_inductor")  # Inductor compiles cost seconds on CPU: inductor runs in the GPU tests
 # Our fused layers and transformers' agree to ~1e-5 in float32 (test_llama_oracle). Where the oracle's two
@@ -66,10 +69,12 @@ def test_each_prompt_gets_exactly_max_tokens_in_prompt_order(model, mode):
 @pytest.mark.parametrize(
     "engine",
     [
-        pytest.param(dict(mode="eager"), id="eager-one-wave"),
-        pytest.param(dict(mode="no_inductor"), id="no_inductor-one-wave"),
-        pytest.param(dict(mode="eager", max_num_seqs=2), id="eager-waves-of-2"),
-        pytest.param(dict(mode="eager", max_num_seqs=4, max_num_batched_tokens=5), id="eager-chunked-prefill"),
+        pytest.param(dict(mode="eager"), id="eager-one-wave", marks=pytest.mark.eager),
+        pytest.param(dict(mode="no_inductor"), id="no_inductor-one-wave", marks=pytest.mark.no_inductor),
+        pytest.param(dict(mode="eager", max_num_seqs=2), id="eager-waves-of-2", marks=pytest.mark.eager),
+        pytest.param(
+            dict(mode="eager", max_num_seqs=4, max_num_batched_tokens=5), id="eager-chunked-prefill", marks=pytest.mark.eager
+        ),
     ],
 )
 def test_greedy_generate_equals_token_by_token_recompute(engine):
@@ -80,6 +85,7 @@ def test_greedy_generate_equals_token_by_token_recompute(engine):
     assert_matches_oracle(llm, prompts, outputs, 6)
 
 
+@pytest.mark.eager
 def test_more_prompts_than_max_num_seqs_run_in_waves_within_the_cache_rows():
     llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
     steps = []
@@ -97,6 +103,7 @@ def test_more_prompts_than_max_num_seqs_run_in_waves_within_the_cache_rows():
     assert all(set(rows) <= {0, 1} for _, rows in steps)
 
 
+@pytest.mark.eager
 def test_a_prefill_over_max_num_batched_tokens_is_split_into_steps_of_at_most_that_many():
     llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=5)
     sizes = []
@@ -119,6 +126,7 @@ def _first_tokens(llm: LLM, prompt: list[int], n: int) -> list[int]:
     return llm.generate([prompt], greedy(n, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
 
 
+@pytest.mark.eager
 def test_a_stop_token_ends_the_sequence_and_is_reported():
     llm = make_llm("llama-tiny", "eager")
     prompt = ragged_prompts(2, llm.vocab_size)[1]
@@ -130,6 +138,7 @@ def test_a_stop_token_ends_the_sequence_and_is_reported():
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
 
 
+@pytest.mark.eager
 def test_eos_ends_the_sequence_unless_ignore_eos():
     llm = make_llm("llama-tiny", "eager")
     prompt = ragged_prompts(2, llm.vocab_size)[1]
@@ -142,6 +151,7 @@ def test_eos_ends_the_sequence_unless_ignore_eos():
     assert (ignored.token_ids, ignored.finish_reason) == (free, "length")
 
 
+@pytest.mark.eager
 def test_min_tokens_keeps_stop_tokens_from_being_sampled_early():
     llm = make_llm("llama-tiny", "eager")
     prompt = ragged_prompts(2, llm.vocab_size)[1]
@@ -152,6 +162,7 @@ def test_min_tokens_keeps_stop_tokens_from_being_sampled_early():
 
 
 # ---------------------------------------------------------------------- sampling and text
+@pytest.mark.eager
 def test_seeded_sampling_repeats_and_different_seeds_differ():
     llm = make_llm("llama-tiny", "eager")
     prompts = ragged_prompts(3, llm.vocab_size)
@@ -164,6 +175,7 @@ def test_seeded_sampling_repeats_and_different_seeds_differ():
     assert run(1) != run(2)
 
 
+@pytest.mark.eager
 def test_unseeded_sampling_repeats_for_an_llm_with_the_same_seed():
     params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
     runs = []
@@ -173,6 +185,7 @@ def test_unseeded_sampling_repeats_for_an_llm_with_the_same_seed():
     assert runs[0] == runs[1]
 
 
+@pytest.mark.eager
 @pytest.mark.skipif(not (TINY_CHECKPOINT / "tokenizer.json").exists(), reason="fixtures/tiny-llama not built")
 def test_text_prompts_are_tokenized_and_outputs_detokenized():
     llm = LLM(str(TINY_CHECKPOINT), enforce_eager=True, device="cpu", use_tqdm=False)
@@ -196,11 +209,13 @@ def test_modes_resolve_to_their_compilation_settings(mode):
     assert llm.config.cudagraph_capture_sizes == (1, 2, 4)  # capped at max_num_seqs by default
 
 
+@pytest.mark.eager
 def test_explicit_capture_sizes_are_kept():
     llm = make_llm("llama-tiny", "eager", compilation_config={"level": 0, "cudagraph_capture_sizes": [1, 16]})
     assert llm.config.cudagraph_capture_sizes == (1, 16)
 
 
+@pytest.mark.eager
 def test_default_max_model_len_is_capped_at_2048_and_dtype_auto_follows_the_checkpoint():
     llm = make_llm("llama-tiny", "eager")
     assert llm.max_model_len == 512  # llama-tiny's max_position_embeddings, below the 2048 cap
@@ -239,6 +254,7 @@ def test_bad_compilation_settings_raise_config_errors(kwargs, match):
         LLM("llama-tiny", use_tqdm=False, **kwargs)
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize(
     "prompts, params, match",
     [
@@ -275,6 +291,7 @@ def test_constructor_errors_echo_at_most_a_few_hundred_characters(kwargs, match)
     assert len(str(err.value)) < 400 and "(100002 characters)" in str(err.value)  # repr adds the quotes
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize(
     "prompts, match",
     [
@@ -292,6 +309,8 @@ def test_request_errors_echo_at_most_a_few_hundred_characters(prompts, match):
 
 # ---------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
+@pytest.mark.eager
+@pytest.mark.no_inductor
 def test_piecewise_cuda_graphs_generate_the_tokens_eager_generates():
     # 4 prompts, max_num_seqs 4: every decode step runs exactly at capture size 4 (no padding rows) and
     # the prefill (23 tokens) runs without a graph, so no_inductor runs eager's kernels on eager's shapes:
@@ -308,6 +327,7 @@ def test_piecewise_cuda_graphs_generate_the_tokens_eager_generates():
 
 
 @pytest.mark.gpu
+@pytest.mark.inductor
 def test_inductor_with_padded_decode_batches_matches_the_oracle():
     # float32: NEAR_TIE is a float32 margin (bfloat16 rounding would flip far wider gaps)
     llm = make_llm("llama-tiny", "inductor", device="cuda", dtype="float32", max_num_seqs=4)

@@ -31,6 +31,9 @@ from reference.models.loader import (
 from reference.models.registry import build_model, model_config
 from reference.ops import CustomOpSelection
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "tiny-llama"
 

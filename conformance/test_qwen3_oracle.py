@@ -23,8 +23,8 @@ PRESET = "qwen3-tiny"
 
 
 @pytest.fixture(scope="module")
-def case() -> OracleCase:
-    return OracleCase(PRESET)
+def case(impl) -> OracleCase:
+    return OracleCase(PRESET, impl)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -33,18 +33,22 @@ def test_logits_match_transformers_over_prefill_decode_and_extend(case, mode, de
     case.assert_matches_oracle(mode, device)
 
 
+@pytest.mark.eager
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("device", DEVICES)
 def test_no_inductor_is_bitwise_equal_to_eager(case, device):
     case.assert_no_inductor_bitwise_equal_to_eager(device)
 
 
 @pytest.mark.parametrize("field, value", [("use_sliding_window", True), ("hidden_act", "gelu")])
+@pytest.mark.requires("components")
 def test_unsupported_config_is_rejected_naming_the_field(field, value):
     config = Qwen3Config(**{**QWEN3_TINY, field: value})
     with pytest.raises(ValueError, match=f"^{field}: expected"):
         Qwen3ForCausalLM(config, CustomOpSelection(mode_config("eager")))
 
 
+@pytest.mark.requires("components")
 def test_qwen3_8b_preset_has_the_published_parameter_count():
     # Model card of Qwen/Qwen3-8B: 8.2B parameters, 6.95B of them non-embedding (untied: embedding + head).
     model = build_model("qwen3-8b", CustomOpSelection(mode_config("eager")), dtype=torch.bfloat16, device="meta")

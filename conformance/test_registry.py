@@ -14,6 +14,9 @@ from reference.models.toy_llama import ToyLlama, expected_hidden
 from reference.models.weights import init_random_weights, weight_bytes_per_decode_step
 from reference.ops import CustomOpSelection, RMSNorm, RotaryEmbedding
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 # Published sizes: Llama 3.2 1B's parameter count on its model page; for 3.1 8B and 70B, half the bf16
 # "total_size" (bytes) of their model.safetensors.index.json.
 PUBLISHED_PARAMETERS = {

@@ -14,8 +14,8 @@ import torch
 
 from conformance.driver import prefill_and_decode
 from conformance.helpers import build_llama, make_runner, small_llama_config, token_ids
+from conformance.implementation import make_runner as runner_for
 from reference.config import mode_config
-from reference.engine import ModelRunner
 
 HF = small_llama_config()
 RUNNER_MODES = ["eager", "no_inductor"]  # Inductor through the runner: test_equivalence (compiles are slow on CPU)
@@ -26,11 +26,13 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------- padding
-def test_padded_size_is_the_smallest_capture_size_that_fits():
+@pytest.mark.eager
+@pytest.mark.no_inductor
+def test_padded_size_is_the_smallest_capture_size_that_fits(impl):
     sizes = (1, 2, 4, 8, 16, 24)
-    runner = make_runner("no_inductor", HF, max_num_batched_tokens=40, cudagraph_capture_sizes=list(sizes))
+    runner = make_runner(impl, "no_inductor", HF, max_num_batched_tokens=40, cudagraph_capture_sizes=list(sizes))
     assert runner.capture_sizes == sizes  # padded on every device, the CPU included
-    eager = make_runner("eager", HF, max_num_batched_tokens=40)
+    eager = make_runner(impl, "eager", HF, max_num_batched_tokens=40)
     assert eager.capture_sizes == () and eager.padded_size(3) == 3  # no graphs, no padding
     for n in range(1, 41):
         padded = runner.padded_size(n)
@@ -40,9 +42,11 @@ def test_padded_size_is_the_smallest_capture_size_that_fits():
             assert padded in sizes and padded >= n and not any(n <= s < padded for s in sizes), (n, padded)
 
 
+@pytest.mark.no_inductor
 @pytest.mark.gpu
-def test_capture_sizes_above_the_token_budget_are_dropped():
+def test_capture_sizes_above_the_token_budget_are_dropped(impl):
     runner = make_runner(
+        impl,
         "no_inductor", HF, device="cuda", dtype=torch.bfloat16, max_num_batched_tokens=20, max_cudagraph_capture_size=32
     )
     assert runner.capture_sizes == (1, 2, 4, 8, 16)
@@ -50,10 +54,10 @@ def test_capture_sizes_above_the_token_budget_are_dropped():
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
-def test_padding_rows_do_not_change_the_real_rows(mode):
+def test_padding_rows_do_not_change_the_real_rows(mode, impl):
     """A runner that pads gives the same logits as one that does not."""
     unpadded = {} if mode == "eager" else {"cudagraph_mode": "none"}  # no graphs: no capture sizes to pad to
-    plain, padded = make_runner(mode, HF, **unpadded), make_runner(mode, HF)
+    plain, padded = make_runner(impl, mode, HF, **unpadded), make_runner(impl, mode, HF)
     padded.capture_sizes = (4, 8, 16)  # eager has no capture sizes of its own: pad it as a piecewise runner would
     seen = []
 
@@ -78,8 +82,8 @@ def test_padding_rows_do_not_change_the_real_rows(mode):
 
 # ---------------------------------------------------------------------- batching and the KV cache
 @pytest.mark.parametrize("mode", RUNNER_MODES)
-def test_a_batch_of_prompts_gives_each_prompt_its_own_logits(mode):
-    runner = make_runner(mode, HF)
+def test_a_batch_of_prompts_gives_each_prompt_its_own_logits(mode, impl):
+    runner = make_runner(impl, mode, HF)
     prompts = _prompts([1, 6, 3, 9])
     batched = runner.step(prompts, [0] * 4, [0, 1, 2, 3])
     assert batched.shape == (4, HF.vocab_size) and batched.dtype == torch.float32
@@ -88,8 +92,8 @@ def test_a_batch_of_prompts_gives_each_prompt_its_own_logits(mode):
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
-def test_decoding_from_the_kv_cache_matches_recomputing_the_whole_sequence(mode):
-    runner = make_runner(mode, HF, max_num_seqs=6)
+def test_decoding_from_the_kv_cache_matches_recomputing_the_whole_sequence(mode, impl):
+    runner = make_runner(impl, mode, HF, max_num_seqs=6)
     rows = [2, 0]  # not consecutive, not in order: the cache is addressed by row, not by batch index
     scratch = [1, 3]  # rows for the full recomputes
     seqs = _prompts([4, 7])
@@ -110,8 +114,8 @@ def test_decoding_from_the_kv_cache_matches_recomputing_the_whole_sequence(mode)
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
-def test_warm_up_reports_its_cost_and_its_dummy_tokens_do_not_leak(mode):
-    warm, cold = make_runner(mode, HF), make_runner(mode, HF)
+def test_warm_up_reports_its_cost_and_its_dummy_tokens_do_not_leak(mode, impl):
+    warm, cold = make_runner(impl, mode, HF), make_runner(impl, mode, HF)
     stats = warm.warm_up()
     assert stats.compile_s > 0
     assert (stats.capture_s, stats.graph_gib, stats.capture_sizes) == (0.0, 0.0, ())  # CPU: no graphs
@@ -121,9 +125,10 @@ def test_warm_up_reports_its_cost_and_its_dummy_tokens_do_not_leak(mode):
         torch.testing.assert_close(actual, expected)
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("mode", ["no_inductor"])
-def test_the_first_step_may_be_a_single_token_without_warm_up(mode):
-    runner, eager = make_runner(mode, HF), make_runner("eager", HF)
+def test_the_first_step_may_be_a_single_token_without_warm_up(mode, impl):
+    runner, eager = make_runner(impl, mode, HF), make_runner(impl, "eager", HF)
     torch.testing.assert_close(runner.step([[5]], [0], [0]), eager.step([[5]], [0], [0]))
 
 
@@ -150,28 +155,30 @@ BAD_STEPS = [
 ]
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("new_tokens, context_lens, rows, message", BAD_STEPS)
 def test_a_bad_step_raises_value_error_naming_the_limit_and_leaves_the_runner_usable(
-    new_tokens, context_lens, rows, message
+    new_tokens, context_lens, rows, message, impl
 ):
-    runner = make_runner("eager", HF, max_num_seqs=2, max_model_len=16, max_num_batched_tokens=20)
+    runner = make_runner(impl, "eager", HF, max_num_seqs=2, max_model_len=16, max_num_batched_tokens=20)
     expected = runner.step([[5, 6]], [0], [1])
     with pytest.raises(ValueError, match=message):
         runner.step(new_tokens, context_lens, rows)
     torch.testing.assert_close(runner.step([[5, 6]], [0], [1]), expected, rtol=0, atol=0)
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("field", ["max_num_seqs", "max_model_len"])
-def test_a_runner_needs_positive_sizes(field):
+def test_a_runner_needs_positive_sizes(field, impl):
     config = mode_config("eager")
     sizes = {"max_num_seqs": 2, "max_model_len": 16, field: 0}
     with pytest.raises(ValueError, match=f"{field}: expected a positive int, got 0"):
-        ModelRunner(build_llama(HF, config), config, **sizes)
+        runner_for(impl, build_llama(HF, config), config, **sizes)
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
-def test_a_runner_of_one_token_per_step_warms_up_and_steps(mode):
+def test_a_runner_of_one_token_per_step_warms_up_and_steps(mode, impl):
     """Compiled levels trace with 2 tokens; the runner pads that call even when steps hold one token."""
-    runner = make_runner(mode, HF, max_num_seqs=1, max_num_batched_tokens=1)
+    runner = make_runner(impl, mode, HF, max_num_seqs=1, max_num_batched_tokens=1)
     runner.warm_up()
     assert runner.step([[5]], [0], [0]).shape == (1, HF.vocab_size)

@@ -7,6 +7,9 @@ import torch
 
 from reference.engine.sampling import SamplingError, SamplingParams, apply_top_k_top_p, make_generator, sample
 
+# The reference's own components (not the compilation mechanism): skipped for other --impl.
+pytestmark = pytest.mark.requires("components")
+
 
 def _kept(masked: torch.Tensor) -> set[int]:
     return set(torch.nonzero(torch.isfinite(masked)).flatten().tolist())

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conformance.helpers import COMPILED_MODES, DEVICES, StaticTokens
-from reference.compilation import compilation_counter, compile_model, expect_counters
+from reference.compilation import compilation_counter, expect_counters
 from reference.compilation.compile_piece import example_inputs
 from reference.compilation.split import op_name
 from reference.config import CompilationConfig, ConfigError, mode_config
@@ -61,11 +61,12 @@ def _check_silly(compiled, buffer: torch.Tensor, size: int) -> None:
 
 
 # ---------------------------------------------------------------------- silly model (level 3)
+@pytest.mark.requires("counters")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_silly_model_splits_into_five_pieces_and_captures_three_per_size(mode, device):
+def test_silly_model_splits_into_five_pieces_and_captures_three_per_size(mode, device, impl):
     config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[1, 2])
-    compiled = compile_model(SillyModel(), config)
+    compiled = impl.compile(SillyModel(), config)
     buffer = torch.zeros(2, 8, device=device)
     captures = 3 * 2 if device == "cuda" else 0
     with expect_counters(**_counts(graphs=1, pieces=5, capturable=3, inductor=mode == "inductor", captures=captures)):
@@ -78,10 +79,12 @@ def test_silly_model_splits_into_five_pieces_and_captures_three_per_size(mode, d
             _check_silly(compiled, buffer, size)
 
 
+@pytest.mark.requires("counters")
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("device", DEVICES)
-def test_level3_without_cuda_graphs_compiles_the_pieces_and_captures_nothing(device):
+def test_level3_without_cuda_graphs_compiles_the_pieces_and_captures_nothing(device, impl):
     config = CompilationConfig(use_inductor=False, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_mode="none")
-    compiled = compile_model(SillyModel(), config)
+    compiled = impl.compile(SillyModel(), config)
     buffer = torch.zeros(4, 8, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # nothing to warn about: no graphs were asked for
@@ -100,13 +103,14 @@ def _run_toy(compiled, tokens: StaticTokens, sizes) -> None:
 TOY_CASES = [("no_inductor", 1), ("no_inductor", 3), ("inductor", 1)]  # Inductor is slow on CPU: one small case
 
 
+@pytest.mark.requires("counters")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode, num_layers", TOY_CASES, ids=[f"{m}-{n}layers" for m, n in TOY_CASES])
-def test_toy_llama_splits_at_each_attention(mode, num_layers, device):
+def test_toy_llama_splits_at_each_attention(mode, num_layers, device, impl):
     """N attention calls split the graph into 2N + 1 pieces; the N + 1 between them are compiled and captured."""
     sizes = (2, 4)
     config = mode_config(mode, splitting_ops=TOY_SPLITTING_OPS, cudagraph_capture_sizes=list(sizes))
-    compiled = compile_model(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)).to(device), config)
+    compiled = impl.compile(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)).to(device), config)
     tokens = StaticTokens(max(sizes), device)
     n, inductor = num_layers, mode == "inductor"
     captures = (n + 1) * len(sizes) if device == "cuda" else 0
@@ -125,11 +129,12 @@ UNSPLIT_CASES = [
 ]
 
 
+@pytest.mark.requires("counters")
 @pytest.mark.parametrize("mode, device", UNSPLIT_CASES)
-def test_toy_llama_without_splitting_ops_is_one_piece_captured_once_per_size(mode, device):
+def test_toy_llama_without_splitting_ops_is_one_piece_captured_once_per_size(mode, device, impl):
     sizes = (2, 4)
     config = mode_config(mode, splitting_ops=[], cudagraph_capture_sizes=list(sizes))
-    compiled = compile_model(ToyLlama(toy_llama_config(2), CustomOpSelection(config)).to(device), config)
+    compiled = impl.compile(ToyLlama(toy_llama_config(2), CustomOpSelection(config)).to(device), config)
     tokens = StaticTokens(max(sizes), device)
     captures = len(sizes) if device == "cuda" else 0
     with expect_counters(**_counts(graphs=1, pieces=1, capturable=1, inductor=mode == "inductor", captures=captures)):
@@ -138,11 +143,13 @@ def test_toy_llama_without_splitting_ops_is_one_piece_captured_once_per_size(mod
         _run_toy(compiled, tokens, [4, 2, 2, 2])
 
 
+@pytest.mark.requires("pieces")
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("custom_ops", [["all"], ["none"]], ids=["custom_ops=all", "custom_ops=none"])
-def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_ops):
+def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_ops, impl):
     num_layers = 2
     config = CompilationConfig(use_inductor=False, custom_ops=custom_ops, splitting_ops=TOY_SPLITTING_OPS)
-    compiled = compile_model(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)), config)
+    compiled = impl.compile(ToyLlama(toy_llama_config(num_layers), CustomOpSelection(config)), config)
     with pytest.warns(RuntimeWarning, match=NO_GRAPHS_ON_CPU):
         _run_toy(compiled, StaticTokens(4), [4])
     ops = Counter(
@@ -166,9 +173,10 @@ def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_o
 USE_INDUCTOR = pytest.mark.parametrize("use_inductor", [False, True], ids=["use_inductor=False", "use_inductor=True"])
 
 
+@pytest.mark.requires("levels", "counters")
 @USE_INDUCTOR
-def test_level1_compiles_whole_graphs_and_recompiles_for_new_sizes(use_inductor):
-    compiled = compile_model(SillyModel(), CompilationConfig(level=1, use_inductor=use_inductor))
+def test_level1_compiles_whole_graphs_and_recompiles_for_new_sizes(use_inductor, impl):
+    compiled = impl.compile(SillyModel(), CompilationConfig(level=1, use_inductor=use_inductor))
     before = compilation_counter.snapshot()
     for size in (2, 5, 1, 16):  # 1 token: Dynamo specialises sizes 0 and 1
         x = torch.randn(size, 8)
@@ -181,9 +189,10 @@ def test_level1_compiles_whole_graphs_and_recompiles_for_new_sizes(use_inductor)
     assert after.num_cudagraph_captured == before.num_cudagraph_captured
 
 
+@pytest.mark.requires("levels", "counters", "pieces")
 @USE_INDUCTOR
-def test_level2_traces_once_for_every_size(use_inductor):
-    compiled = compile_model(SillyModel(), CompilationConfig(level=2, use_inductor=use_inductor))
+def test_level2_traces_once_for_every_size(use_inductor, impl):
+    compiled = impl.compile(SillyModel(), CompilationConfig(level=2, use_inductor=use_inductor))
     with expect_counters(**_counts(graphs=1, pieces=1, capturable=1, inductor=use_inductor, captures=0)):
         for size in (2, 5, 1, 16, 3):
             x = torch.randn(size, 8)
@@ -192,10 +201,11 @@ def test_level2_traces_once_for_every_size(use_inductor):
     assert any(isinstance(v, torch.SymInt) for v in example_inputs(piece.module)), "traced for a symbolic size"
 
 
-@pytest.mark.parametrize("level", [2, 3])
-def test_a_first_call_with_one_token_is_refused_and_leaves_the_model_usable(level):
+@pytest.mark.requires("trace_once")
+@pytest.mark.parametrize("level", [2, pytest.param(3, marks=pytest.mark.no_inductor)])
+def test_a_first_call_with_one_token_is_refused_and_leaves_the_model_usable(level, impl):
     config = CompilationConfig(level=level, use_inductor=False, cudagraph_mode="none")
-    compiled = compile_model(SillyModel(), config)
+    compiled = impl.compile(SillyModel(), config)
     message = r"first call traces the model and needs at least 2 tokens.*got shape \(1, 8\)"
     with pytest.raises(ValueError, match=message):
         compiled(torch.randn(1, 8))
@@ -203,29 +213,32 @@ def test_a_first_call_with_one_token_is_refused_and_leaves_the_model_usable(leve
     torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
 
 
+@pytest.mark.requires("trace_once", "counters")
 @pytest.mark.parametrize(
     "other", [torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 9)], ids=["other_dtype", "other_hidden_size"]
 )
-def test_a_call_unlike_the_traced_one_raises_type_error(other):
-    compiled = compile_model(SillyModel(), CompilationConfig(level=2, use_inductor=False))
+def test_a_call_unlike_the_traced_one_raises_type_error(other, impl):
+    compiled = impl.compile(SillyModel(), CompilationConfig(level=2, use_inductor=False))
     compiled(torch.randn(4, 8))
     with expect_counters(num_graphs_seen=0):
         with pytest.raises(TypeError, match="another dtype, device or non-token shape than the first call"):
             compiled(other)
 
 
-@pytest.mark.parametrize("level", [2, 3])
-def test_a_retrace_after_a_dynamo_reset_is_refused_with_a_clear_error(level):
+@pytest.mark.requires("trace_once")
+@pytest.mark.parametrize("level", [2, pytest.param(3, marks=pytest.mark.no_inductor)])
+def test_a_retrace_after_a_dynamo_reset_is_refused_with_a_clear_error(level, impl):
     """With guards dropped, a second trace would be fixed to one size and then serve every size."""
-    compiled = compile_model(SillyModel(), CompilationConfig(level=level, use_inductor=False, cudagraph_mode="none"))
+    compiled = impl.compile(SillyModel(), CompilationConfig(level=level, use_inductor=False, cudagraph_mode="none"))
     compiled(torch.randn(4, 8))
     torch._dynamo.reset()  # as a test harness or another library may do
     with pytest.raises(RuntimeError, match=r"traced a second time.*torch._dynamo.reset\(\)"):
         compiled(torch.randn(3, 8))
 
 
-@pytest.mark.parametrize("level", [2, 3])
-def test_many_compiled_models_of_one_class_each_trace_once(level):
+@pytest.mark.requires("trace_once", "counters")
+@pytest.mark.parametrize("level", [2, pytest.param(3, marks=pytest.mark.no_inductor)])
+def test_many_compiled_models_of_one_class_each_trace_once(level, impl):
     """Dynamo caches compiled code per code object; models of one class share ``forward``'s code, so
     without care the ninth model hits Dynamo's recompile limit (a hard error with fullgraph=True)."""
     split = {"splitting_ops": SILLY_SPLITTING_OPS} if level == 3 else {}
@@ -233,11 +246,12 @@ def test_many_compiled_models_of_one_class_each_trace_once(level):
     x = torch.randn(4, 3)
     with expect_counters(num_graphs_seen=12):
         for _ in range(12):
-            compiled = compile_model(SillyModel(), config)
+            compiled = impl.compile(SillyModel(), config)
             torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
             torch.testing.assert_close(compiled(x[:2]), expected_output(x[:2]), rtol=0, atol=0)
 
 
+@pytest.mark.requires("components")
 def test_a_splitting_op_that_returns_tensors_is_refused_with_cuda_graphs():
     """Its output would be allocated outside the graph pool and move between replays."""
     from reference.compilation.backend import _check_writes_into_buffers
@@ -253,17 +267,20 @@ def test_a_splitting_op_that_returns_tensors_is_refused_with_cuda_graphs():
         _check_writes_into_buffers(norm_piece)
 
 
-def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled():
+@pytest.mark.inductor
+def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled(impl):
     config = CompilationConfig(splitting_ops=["foo::bar"])  # well-formed: the config cannot know the ops
     with pytest.raises(ConfigError, match="splitting_ops: 'foo::bar' is not a registered torch.library op"):
-        compile_model(SillyModel(), config)
+        impl.compile(SillyModel(), config)
 
 
-def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe():
+@pytest.mark.requires("pieces")
+@pytest.mark.no_inductor
+def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe(impl):
     """``splitting_ops=None`` (vLLM's default spelling) means the attention ops, which the project tags
     where it defines them; an untagged custom op (RMSNorm's) stays inside its piece."""
     config = CompilationConfig(use_inductor=False, cudagraph_mode="none", custom_ops=["all"])
-    compiled = compile_model(ToyLlama(toy_llama_config(2), CustomOpSelection(config)), config)
+    compiled = impl.compile(ToyLlama(toy_llama_config(2), CustomOpSelection(config)), config)
     _run_toy(compiled, StaticTokens(4), [4])
     split_at = [
         op_name(node.target)
@@ -275,7 +292,9 @@ def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe():
     assert split_at == ["reference::toy_attention"] * 2
 
 
-def test_splitting_ops_absent_from_the_graph_are_reported():
+@pytest.mark.requires("pieces")
+@pytest.mark.no_inductor
+def test_splitting_ops_absent_from_the_graph_are_reported(impl):
     config = CompilationConfig(level=3, use_inductor=False, splitting_ops=["reference::toy_attention"])
     with pytest.warns(RuntimeWarning, match="none of splitting_ops"):
-        compile_model(SillyModel(), config)(torch.randn(4, 3))
+        impl.compile(SillyModel(), config)(torch.randn(4, 3))

@@ -19,6 +19,7 @@ from reference.ops.library import HAS_TRITON
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.requires("components"),
     pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed"),
 ]
 

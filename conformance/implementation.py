@@ -1,0 +1,72 @@
+"""The implementation under test: the one seam between the conformance suite and what it checks.
+
+An implementation takes a model the project built (a transformers config, the project's layers and
+attention op) and a :class:`~reference.config.CompilationConfig`, and returns the compiled forward: a
+callable with the model's signature (``input_ids [T] int64, positions [T] int64 -> hidden [T, H]``), to be
+called inside a forward context (``reference.forward_context``) as the project's ``ModelRunner`` does.
+The suite drives it through that runner (static inputs, padding to capture sizes, KV cache) with
+:func:`make_runner`, or calls it directly for the closed-form models.
+
+Select one with ``pytest conformance/ --impl NAME`` (:mod:`conformance.selection`): ``reference`` (the
+default), ``torch-native`` (:mod:`conformance.torch_native`), a fault of the catalogue (``fault:ID``,
+:mod:`conformance.faults`), or ``MODULE:FACTORY`` for your own, where ``FACTORY()`` returns an object with
+these attributes:
+
+* ``name`` (str) and ``capabilities`` (a set of the names in ``CAPABILITIES``): a test that needs a
+  capability the implementation lacks is skipped with that reason, never passed;
+* ``compile(model, config)``: the compiled forward, or raise :class:`Unsupported` (the test is skipped
+  with the reason) for a config it cannot honour;
+* ``activate()``: a context manager entered around every test (``contextlib.nullcontext()`` will do;
+  the fault catalogue plants its faults there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Protocol
+
+from torch import nn
+
+from reference.compilation import compile_model
+from reference.config import CompilationConfig
+from reference.engine import ModelRunner
+
+CAPABILITIES = {
+    "counters": "reports reference.compilation.compilation_counter (graphs seen, pieces, compiles, captures)",
+    "pieces": "exposes the split pieces (compiled.backend.pieces) for graph-structure tests",
+    "levels": "implements levels 1 and 2 (whole-graph Dynamo, with and without Inductor)",
+    "address_checks": "debug_cudagraph_addresses raises, naming the piece and size, when an input moved",
+    "trace_once": "traces once for every token count (levels 2-3) and refuses what that cannot serve",
+    "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too",
+}
+
+
+class Unsupported(Exception):
+    """Raised by ``compile`` for a config the implementation does not implement; the test is skipped."""
+
+
+class Implementation(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def compile(self, model: nn.Module, config: CompilationConfig) -> Callable: ...
+
+    def activate(self) -> ContextManager: ...
+
+
+class ReferenceImplementation:
+    """The project's own pipeline (``reference.compilation.compile_model``), every capability."""
+
+    name = "reference"
+    capabilities = frozenset(CAPABILITIES)
+
+    def compile(self, model: nn.Module, config: CompilationConfig) -> Callable:
+        return compile_model(model, config)
+
+    def activate(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+
+def make_runner(impl: Implementation, model: nn.Module, config: CompilationConfig, **sizes) -> ModelRunner:
+    """The project's :class:`ModelRunner` over ``impl``'s compiled forward; ``sizes``: its size arguments."""
+    return ModelRunner(model, config, compile_fn=impl.compile, **sizes)

@@ -1,0 +1,41 @@
+"""``--impl NAME``: the shipped implementations and anyone's own (see conformance/implementation.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+from conformance.faults import fault_implementation
+from conformance.implementation import CAPABILITIES, Implementation, ReferenceImplementation
+from conformance.torch_native import TorchNativeImplementation
+
+
+def load_implementation(spec: str) -> Implementation:
+    """The implementation named by ``--impl``: ``reference``, ``torch-native``, ``fault:ID`` or
+    ``MODULE:FACTORY``.
+
+    Raises:
+        ValueError: an unknown name, a module or factory that cannot be found, or an object lacking the
+            interface (the message says which).
+    """
+    if spec == "reference":
+        return ReferenceImplementation()
+    if spec == "torch-native":
+        return TorchNativeImplementation()
+    if spec.startswith("fault:"):
+        return fault_implementation(spec.removeprefix("fault:"))
+    module_name, _, factory_name = spec.partition(":")
+    if not factory_name:
+        raise ValueError(f"--impl: expected 'reference', 'torch-native', 'fault:ID' or 'MODULE:FACTORY', got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--impl {spec!r}: cannot load {factory_name} from {module_name} ({err})") from None
+    impl = factory()
+    missing = [a for a in ("name", "capabilities", "compile", "activate") if not hasattr(impl, a)]
+    unknown = set(getattr(impl, "capabilities", ())) - set(CAPABILITIES)
+    if missing or unknown:
+        raise ValueError(
+            f"--impl {spec!r}: the object lacks {missing} or declares unknown capabilities {sorted(unknown)}; "
+            f"see conformance/implementation.py (capabilities: {sorted(CAPABILITIES)})"
+        )
+    return impl

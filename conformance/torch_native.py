@@ -1,0 +1,61 @@
+"""``--impl torch-native``: torch's own piecewise CUDA graphs, as a second subject of the suite.
+
+torch has the pieces of the idea itself: Inductor's graph partition cuts a compiled graph at the ops it
+must not capture (``torch._inductor.config.graph_partition``, on by default since 2.9; the cut ops are
+those tagged ``torch.Tag.cudagraph_unsafe``, which the project's attention ops carry, plus
+``custom_should_partition_ops``), and CUDA graph trees (``mode="reduce-overhead"``, i.e.
+``triton.cudagraphs``) capture every partition, one graph per input shape. This adapter maps a
+:class:`~reference.config.CompilationConfig` onto that:
+
+* level 0: the model itself; levels 1-2: ``torch.compile(fullgraph=True)`` with Inductor, or with the
+  ``eager`` backend (Dynamo only) for ``use_inductor=False``; level 2 with ``dynamic=True``.
+* level 3: Inductor with graph partition at the config's splitting ops (None: the tagged ones) and, for
+  ``cudagraph_mode='piecewise'``, CUDA graph trees. ``use_inductor=False`` with piecewise graphs is
+  :class:`Unsupported`: torch captures partitions only of graphs Inductor compiled; eager pieces in
+  piecewise graphs are what this project (and vLLM) add.
+
+What torch does not have, the adapter does not declare (see ``capabilities``): the project's counters,
+split pieces to inspect, address checks, tracing once for every size (torch recompiles under guards).
+Capture sizes are the runner's: it pads every step to one of them, and graph trees record a graph for
+each size they see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import torch
+from torch import nn
+
+from conformance.implementation import Unsupported
+from reference.config import CompilationConfig
+
+
+class TorchNativeImplementation:
+    name = "torch-native"
+    capabilities = frozenset({"levels"})
+
+    def compile(self, model: nn.Module, config: CompilationConfig) -> Callable:
+        if config.level == 0:
+            return model
+        if config.level in (1, 2):
+            backend = "inductor" if config.use_inductor else "eager"
+            return torch.compile(model, backend=backend, fullgraph=True, dynamic=True if config.level == 2 else None)
+        if not config.use_inductor:
+            if config.cudagraph_mode == "piecewise":
+                raise Unsupported(
+                    f"torch {torch.__version__} has no piecewise CUDA graphs without Inductor: graph trees capture "
+                    "the partitions of an Inductor-compiled graph only"
+                )
+            return torch.compile(model, backend="eager", fullgraph=True, dynamic=True)
+        options = {
+            **config.inductor_compile_config,
+            "graph_partition": True,
+            "custom_should_partition_ops": list(config.splitting_ops or ()),
+            "triton.cudagraphs": config.cudagraph_mode == "piecewise",
+        }
+        return torch.compile(model, fullgraph=True, dynamic=True, options=options)
+
+    def activate(self) -> ContextManager:
+        return contextlib.nullcontext()
