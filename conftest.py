@@ -10,8 +10,28 @@ import os
 import pytest
 import torch
 
+from conformance.report import IMPLEMENTATION, ConformanceReport
+from conformance.selection import load_implementation
+
+
+def pytest_addoption(parser):
+    """The conformance suite's options (conformance/conftest.py uses them); here, so that a run without
+    path arguments (testpaths) knows them too."""
+    group = parser.getgroup("conformance", "the implementation under test (conformance/)")
+    group.addoption(
+        "--impl",
+        default="reference",
+        help="implementation to check: reference (default), torch-native, fault:ID or MODULE:FACTORY",
+    )
+    group.addoption("--conformance-report", default=None, metavar="PATH", help="write the per-rule summary as JSON")
+
 
 def pytest_configure(config):
+    try:
+        config.stash[IMPLEMENTATION] = load_implementation(config.getoption("impl"))
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    config.pluginmanager.register(ConformanceReport(config), "conformance-report")
     # Under pytest-xdist every worker would start as many intra-op threads as the machine has cores; on
     # CI's two cores two workers would then run four busy threads. Give each worker its share instead.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -17,7 +17,9 @@ these attributes:
 * ``compile(model, config)``: the compiled forward, or raise :class:`Unsupported` (the test is skipped
   with the reason) for a config it cannot honour;
 * ``activate()``: a context manager entered around every test (``contextlib.nullcontext()`` will do;
-  the fault catalogue plants its faults there).
+  the fault catalogue plants its faults there);
+* optionally ``findings``: ``{rule: reason}``, rules (``module.py::test_name``) the implementation is known
+  to break; they run as strict xfails with that reason, so a fix shows up as an unexpected pass.
 """
 
 from __future__ import annotations

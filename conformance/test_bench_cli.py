@@ -108,6 +108,16 @@ MODE_FIELD_ERROR = (
 )
 BAD_FLAGS = [
     pytest.param(["--modes", "eager,fast"], r"argument --modes: unknown \['fast'\]", id="unknown-mode"),
+    pytest.param(
+        ["--compilation-config", "{'splitting_ops': ['foo::bar']}"],
+        r"argument --compilation-config: splitting_ops: 'foo::bar' is not a registered torch.library op",
+        id="unregistered-splitting-op",
+    ),
+    pytest.param(
+        ["--compilation-config", "{'custom_ops': ['+flash_norm']}"],
+        r"argument --compilation-config: custom_ops: unknown op 'flash_norm'",
+        id="unknown-custom-op",
+    ),
     pytest.param(["--modes", "eager,eager"], "argument --modes: 'eager,eager' names a mode twice", id="mode-twice"),
     pytest.param(["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]", id="unknown-baseline"),
     pytest.param(

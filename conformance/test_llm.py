@@ -233,6 +233,10 @@ def test_default_max_model_len_is_capped_at_2048_and_dtype_auto_follows_the_chec
         (dict(max_num_seqs=8, max_num_batched_tokens=4), r"^max_num_batched_tokens \(4\) must be >= max_num_seqs"),
         (dict(device="tpu"), "^device:"),
         (dict(model="no-such-model"), "^model:"),
+        (dict(model=None), "^model: expected a preset name"),
+        (dict(seed=1.5), r"^seed: expected an int >= 0, got 1.5"),
+        (dict(seed=-1), r"^seed: expected an int >= 0, got -1"),
+        (dict(enforce_eager="yes"), r"^enforce_eager: expected a bool, got 'yes'"),
     ],
 )
 def test_bad_constructor_arguments_name_the_argument(kwargs, match):

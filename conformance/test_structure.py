@@ -19,7 +19,8 @@ from collections import Counter
 import pytest
 import torch
 
-from conformance.helpers import COMPILED_MODES, DEVICES, StaticTokens
+from conformance.helpers import COMPILED_MODES, DEVICES, StaticTokens, build_llama, small_llama_config
+from conformance.implementation import make_runner
 from reference.compilation import compilation_counter, expect_counters
 from reference.compilation.compile_piece import example_inputs
 from reference.compilation.split import op_name
@@ -278,18 +279,19 @@ def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled(impl
 @pytest.mark.no_inductor
 def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe(impl):
     """``splitting_ops=None`` (vLLM's default spelling) means the attention ops, which the project tags
-    where it defines them; an untagged custom op (RMSNorm's) stays inside its piece."""
+    where it defines them; untagged custom ops (RMSNorm's, RoPE's) stay inside their pieces."""
     config = CompilationConfig(use_inductor=False, cudagraph_mode="none", custom_ops=["all"])
-    compiled = impl.compile(ToyLlama(toy_llama_config(2), CustomOpSelection(config)), config)
-    _run_toy(compiled, StaticTokens(4), [4])
-    split_at = [
-        op_name(node.target)
-        for piece in compiled.backend.pieces
-        if piece.is_splitting_op
+    hf = small_llama_config()
+    runner = make_runner(impl, build_llama(hf, config), config, max_num_seqs=2, max_model_len=16)
+    runner.warm_up()
+    calls = [
+        (piece.is_splitting_op, op_name(node.target))
+        for piece in runner.compiled.backend.pieces
         for node in piece.module.graph.nodes
-        if node.op == "call_function"
+        if node.op == "call_function" and (op_name(node.target) or "").startswith("reference::")
     ]
-    assert split_at == ["reference::toy_attention"] * 2
+    assert [name for split, name in calls if split] == ["reference::attention"] * hf.num_hidden_layers
+    assert {name for split, name in calls if not split} >= {"reference::rms_norm", "reference::rotary_embedding"}
 
 
 @pytest.mark.requires("pieces")
@@ -298,3 +300,14 @@ def test_splitting_ops_absent_from_the_graph_are_reported(impl):
     config = CompilationConfig(level=3, use_inductor=False, splitting_ops=["reference::toy_attention"])
     with pytest.warns(RuntimeWarning, match="none of splitting_ops"):
         impl.compile(SillyModel(), config)(torch.randn(4, 3))
+
+
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_attention_left_inside_a_captured_piece_is_refused(mode, impl):
+    """``splitting_ops=[]`` with the KV-cache attention op and piecewise graphs would capture attention with
+    one step's lengths and cache slots; the config must be refused (on any device: it asks for graphs)."""
+    config = mode_config(mode, splitting_ops=[], cudagraph_capture_sizes=[2, 4])
+    runner = make_runner(impl, build_llama(small_llama_config(), config), config, max_num_seqs=2, max_model_len=16)
+    message = r"'reference::attention' \(tagged torch.Tag.cudagraph_unsafe.*would be captured"
+    with pytest.raises(ConfigError, match=message):
+        runner.warm_up()

@@ -35,6 +35,12 @@ from reference.config import CompilationConfig
 class TorchNativeImplementation:
     name = "torch-native"
     capabilities = frozenset({"levels"})
+    # What the suite found torch to break (README, "torch-native"): strict xfails.
+    findings = {
+        "test_structure.py::test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled": (
+            f"torch {torch.__version__}: an unknown op name in custom_should_partition_ops is ignored without a word"
+        ),
+    }
 
     def compile(self, model: nn.Module, config: CompilationConfig) -> Callable:
         if config.level == 0:

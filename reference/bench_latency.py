@@ -20,8 +20,8 @@ from typing import Any, Callable
 import torch
 
 from reference.benchmark.baselines import BASELINES
-from reference.benchmark.latency import MODE_KWARGS as MODES
-from reference.benchmark.latency import mode_kwargs, run
+from reference.compilation.backend import check_splitting_ops_exist
+from reference.benchmark.latency import MODE_KWARGS, mode_kwargs, run
 from reference.benchmark.report import markdown_table, write_results
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.engine.arguments import DTYPES, resolve_device
@@ -69,16 +69,18 @@ def _names(allowed: tuple[str, ...], kind: str) -> Callable[[str], list[str]]:
 
 
 def _mode_names(text: str) -> list[str]:
-    names = _names(tuple(MODES), "mode")(text)
+    names = _names(tuple(MODE_KWARGS), "mode")(text)
     if not names:  # an empty list would otherwise fall back to the default, all modes
-        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(MODES)}")
+        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(MODE_KWARGS)}")
     return names
 
 
 def _config_fields(text: str) -> dict[str, Any]:
     try:
         fields = config_fields(text)
-        CustomOpSelection(CompilationConfig.parse(fields))  # validates keys, values and op names
+        config = CompilationConfig.parse(fields)  # keys and values
+        CustomOpSelection(config)  # custom-op names
+        check_splitting_ops_exist(config.splitting_ops or ())  # splitting-op names, before any model loads
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return fields
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--modes",
         type=_mode_names,
         default=None,
-        help=f"comma-separated, run in this order (default: {','.join(MODES)}; 'eager' with --enforce-eager)",
+        help=f"comma-separated, run in this order (default: {','.join(MODE_KWARGS)}; 'eager' with --enforce-eager)",
     )
     parser.add_argument(
         "--compilation-config",
@@ -172,8 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.modes not in (None, ["eager"]):
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
         args.modes = ["eager"]
-    args.modes = args.modes or list(MODES)
-    compiled = [m for m in args.modes if "compilation_config" in MODES[m]]
+    args.modes = args.modes or list(MODE_KWARGS)
+    compiled = [m for m in args.modes if "compilation_config" in MODE_KWARGS[m]]
     if args.compilation_config is not None:
         if not compiled:
             flag = "--enforce-eager runs only eager" if args.enforce_eager else "--modes has none"
@@ -182,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if changed:
             parser.error(
                 f"--compilation-config: sets {', '.join(changed)}, which --modes decides: choose modes instead "
-                f"({'; '.join(map(_defining_fields, MODES))}); other fields (capture sizes, custom_ops, "
+                f"({'; '.join(map(_defining_fields, MODE_KWARGS))}); other fields (capture sizes, custom_ops, "
                 "splitting_ops, ...) may be set"
             )
         for mode in compiled:
@@ -205,9 +207,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _defining_fields(mode: str) -> str:
     """``mode`` and its values of ``MODE_DEFINING_FIELDS``, e.g. 'inductor: level 3, use_inductor=True'."""
-    if "enforce_eager" in MODES[mode]:
+    if "enforce_eager" in MODE_KWARGS[mode]:
         return f"{mode}: level 0"
-    fields = MODES[mode]["compilation_config"]
+    fields = MODE_KWARGS[mode]["compilation_config"]
     return f"{mode}: level {fields['level']}, use_inductor={fields['use_inductor']}"
 
 

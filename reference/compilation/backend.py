@@ -18,19 +18,23 @@ import torch
 from reference.compilation.compile_piece import compile_piece, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
-from reference.compilation.split import Piece, op_name, split_graph
+from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
 
-def _check_ops_exist(names: tuple[str, ...]) -> None:
+def check_splitting_ops_exist(names: tuple[str, ...]) -> None:
+    """Each ``namespace::op`` name is a registered torch.library op.
+
+    Raises:
+        ConfigError: naming the first that is not.
+    """
     for name in names:
         namespace, op = name.split("::")
         if not hasattr(getattr(torch.ops, namespace), op):
             raise ConfigError(
                 f"splitting_ops: {name!r} is not a registered torch.library op; import the module that "
-                "defines it before compiling, or fix the name (the project's own: 'reference::attention', "
-                "'reference::toy_attention', 'reference::silly_attention')"
+                "defines it before compiling, or fix the name"
             )
 
 
@@ -75,6 +79,18 @@ def _check_writes_into_buffers(piece: Piece) -> None:
         )
 
 
+def _check_no_unsafe_op_captured(piece: Piece) -> None:
+    """A piece that will be captured must not call an op tagged cudagraph_unsafe (attention): the graph
+    would replay it with the metadata of the step it was captured at."""
+    for node in piece.module.graph.nodes:
+        if node.op == "call_function" and is_splitting_op(node.target, None):
+            raise ConfigError(
+                f"splitting_ops: {op_name(node.target)!r} (tagged torch.Tag.cudagraph_unsafe: it reads per-step "
+                f"metadata) would be captured inside CUDA-graph piece {piece.name}; add it to splitting_ops, leave "
+                "splitting_ops at its default (None), or use cudagraph_mode='none'"
+            )
+
+
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
@@ -91,9 +107,11 @@ class PiecewiseBackend:
         pieces: the pieces of the graph in execution order (their FX modules, before compilation).
 
     Raises:
-        ConfigError: level 0, or (at level 3) a splitting op that is not a registered op, or one that
-            returns tensors while CUDA graphs are on (its output would live outside the graph pool and
-            move between replays).
+        ConfigError: level 0, or (at level 3) a splitting op that is not a registered op; with
+            ``cudagraph_mode='piecewise'``, a splitting op that returns tensors (its output would live
+            outside the graph pool and move between replays) or an op tagged cudagraph_unsafe left inside
+            a captured piece. The last two are found when the graph is split, at the first call, where
+            Dynamo wraps them; ``CompiledModel`` unwraps them.
     """
 
     def __init__(self, config: CompilationConfig):
@@ -101,7 +119,7 @@ class PiecewiseBackend:
             raise ConfigError("level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3")
         if config.level == 3 and config.splitting_ops:
             # checked here, not at trace time, where Dynamo would wrap the ConfigError in BackendCompilerFailed
-            _check_ops_exist(config.splitting_ops)
+            check_splitting_ops_exist(config.splitting_ops)
         self.config = config
         self.pieces: list[Piece] = []
         self._traced = False
@@ -132,12 +150,14 @@ class PiecewiseBackend:
         capture_stream = torch.cuda.Stream() if use_graphs else None
         for piece in pieces:
             if piece.is_splitting_op:
-                if use_graphs:
+                if self.config.cudagraph_mode == "piecewise":  # on any device: the config asks for graphs
                     _check_writes_into_buffers(piece)
                 direct = _direct_splitting_call(piece)
                 if direct is not None:
                     split.__dict__[piece.name] = direct
                 continue
+            if self.config.cudagraph_mode == "piecewise":  # on any device: the config asks for graphs
+                _check_no_unsafe_op_captured(piece)
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
             runnable = compile_piece(piece.module, self.config)
             if use_graphs:

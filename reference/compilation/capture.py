@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from reference.compilation.backend import PiecewiseBackend
-from reference.config import CompilationConfig
+from reference.config import CompilationConfig, ConfigError
 
 
 def _own_forward(model: nn.Module) -> Callable:
@@ -87,7 +87,12 @@ class CompiledModel:
     def __call__(self, *args):
         if self.config.level >= 2 and (self._signature is None or self.check_inputs):
             self._check_or_mark_dynamic(args)
-        return self._forward(*args)
+        try:
+            return self._forward(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as err:
+            if isinstance(err.inner_exception, ConfigError):  # the backend refused the config: say so plainly
+                raise err.inner_exception from None
+            raise
 
     def _check_or_mark_dynamic(self, args) -> None:
         if self._signature is not None:

@@ -79,8 +79,8 @@ class CompilationConfig:
       the native code itself.
     * ``splitting_ops`` [None]: qualified torch.library op names (``ns::name``) at which the graph is
       split; these run eagerly between CUDA graphs. ``None`` (vLLM's default spelling) splits at every op
-      tagged ``torch.Tag.cudagraph_unsafe``: the project declares its attention ops so where it defines
-      them. ``[]`` keeps one whole graph.
+      tagged ``torch.Tag.cudagraph_unsafe``: the project declares its KV-cache attention op so where it
+      defines it. ``[]`` keeps one whole graph.
     * ``cudagraph_mode`` ['piecewise' at level 3, else 'none']: ``'none'`` or ``'piecewise'``.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
       counts that get a CUDA graph; deduplicated and sorted.
@@ -144,7 +144,7 @@ class CompilationConfig:
         if sizes is None:
             sizes = default_capture_sizes(DEFAULT_MAX_CAPTURE_SIZE if max_size is None else max_size)
         else:
-            if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+            if not isinstance(sizes, (list, tuple)):
                 raise ConfigError(f"cudagraph_capture_sizes: expected a list of positive ints, got {echo(sizes)}")
             for s in sizes:
                 check_int("cudagraph_capture_sizes", s, minimum=1, maximum=MAX_CAPTURE_SIZE)

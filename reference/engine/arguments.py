@@ -26,6 +26,12 @@ def check_positive(name: str, value: Any) -> None:
         raise ValueError(f"{name}: expected an int >= 1, got {echo(value)}")
 
 
+def check_seed(seed: Any) -> None:
+    """``seed`` is an int >= 0 (not a bool): it seeds ``torch.Generator``s, which take no other value."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {echo(seed)}")
+
+
 def resolve_device(device: "str | torch.device | None", name: str = "device") -> torch.device:
     """``device`` as a ``torch.device``: None is ``cuda`` if available, else ``cpu``.
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from reference.config import CompilationConfig
+from reference.config import CompilationConfig, echo
 from reference.engine import arguments
 from reference.engine.requests import Request, RequestBuilder, RequestOutput
 from reference.engine.runner import ModelRunner, StartupStats
@@ -86,6 +86,11 @@ class LLM:
         use_tqdm: bool = True,
     ):
         arguments.check_positive("max_num_seqs", max_num_seqs)
+        arguments.check_seed(seed)
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager: expected a bool, got {echo(enforce_eager)}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model: expected a preset name or a checkpoint directory (a string), got {echo(model)}")
         self.model_name = model
         self.device = arguments.resolve_device(device)
         self.hf_config = registry.model_config(model)
@@ -116,35 +121,35 @@ class LLM:
             self.device,
         )
 
-        stages = tqdm(total=2, desc=f"{model}: load weights", disable=not use_tqdm, unit="stage")
+        ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
+        # closed on an error too, so that an error message does not run on after the bar
+        with tqdm(total=2, desc=f"{model}: load weights", disable=not use_tqdm, unit="stage") as stages:
 
-        def report(stage: str) -> None:
-            stages.update()
-            stages.set_description(f"{model}: {stage}")
+            def report(stage: str) -> None:
+                stages.update()
+                stages.set_description(f"{model}: {stage}")
 
-        ops = CustomOpSelection(self.config)
-        start = time.perf_counter()
-        self.model = registry.build_model(
-            model,
-            ops,
-            dtype=self.dtype,
-            device=self.device,
-            seed=seed,
-            share_weights_with=None if share_weights_with is None else share_weights_with.model,
-        )
-        self.load_s = time.perf_counter() - start
-        self.custom_ops = ops.summary()
-        self.runner = ModelRunner(
-            self.model,
-            self.config,
-            max_num_seqs=max_num_seqs,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens,
-        )
-        stages.total += len(self.runner.capture_sizes) if self.runner.use_cuda_graphs else 0
-        self.startup: StartupStats = self.runner.warm_up(progress=report)
-        report("ready")
-        stages.close()
+            start = time.perf_counter()
+            self.model = registry.build_model(
+                model,
+                ops,
+                dtype=self.dtype,
+                device=self.device,
+                seed=seed,
+                share_weights_with=None if share_weights_with is None else share_weights_with.model,
+            )
+            self.load_s = time.perf_counter() - start
+            self.custom_ops = ops.summary()
+            self.runner = ModelRunner(
+                self.model,
+                self.config,
+                max_num_seqs=max_num_seqs,
+                max_model_len=self.max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens,
+            )
+            stages.total += len(self.runner.capture_sizes) if self.runner.use_cuda_graphs else 0
+            self.startup: StartupStats = self.runner.warm_up(progress=report)
+            report("ready")
 
     @property
     def max_num_seqs(self) -> int:

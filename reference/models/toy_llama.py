@@ -38,9 +38,10 @@ def toy_attention_impl(
     out.copy_(o.transpose(0, 1).reshape(t, -1))
 
 
-# A default splitting op (tagged like attention), though it would be correct inside a graph too.
+# Not tagged cudagraph_unsafe: it is pure tensor code, correct inside a graph (so split and unsplit capture
+# can be compared); tests name it in splitting_ops.
 toy_attention = define_op(
-    "toy_attention", toy_attention_impl, mutates_args=("out",), fake=lambda q, k, v, out, h, kv: None, splitting=True
+    "toy_attention", toy_attention_impl, mutates_args=("out",), fake=lambda q, k, v, out, h, kv: None
 )
 
 
