@@ -101,7 +101,9 @@ def _run_toy(compiled, tokens: StaticTokens, sizes) -> None:
             compiled(*tokens(list(range(size))))
 
 
-TOY_CASES = [("no_inductor", 1), ("no_inductor", 3), ("inductor", 1)]  # Inductor is slow on CPU: one small case
+# 12 layers is vLLM's toy-Llama scenario: 1 graph, 25 pieces, 13 capturable, 26 captures with two sizes.
+# Inductor is slow on CPU: one small case.
+TOY_CASES = [("no_inductor", 1), ("no_inductor", 3), ("no_inductor", 12), ("inductor", 1)]
 
 
 @pytest.mark.requires("counters")
@@ -121,6 +123,24 @@ def test_toy_llama_splits_at_each_attention(mode, num_layers, device, impl):
         _run_toy(compiled, tokens, [4, 2, 2, 3])  # capture 4, warm up 2, capture 2, size 3 runs without a graph
     with expect_counters(**_counts(graphs=0, pieces=0, capturable=0, inductor=False, captures=0)):
         _run_toy(compiled, tokens, [2, 4, 3])
+
+
+@pytest.mark.requires("counters")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", COMPILED_MODES)
+def test_two_compiled_submodules_of_one_model_trace_and_capture_separately(mode, device, impl):
+    """Each compiled submodule is its own Dynamo graph with its own pieces and graphs; chained, they
+    compute the composition of their closed forms (the second reads the first's graph output)."""
+    config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[2, 4])
+    first, second = impl.compile(SillyModel(), config), impl.compile(SillyModel(), config)
+    buffer = torch.zeros(4, 8, device=device)
+    captures = 2 * 3 * 2 if device == "cuda" else 0  # two models x three capturable pieces x two sizes
+    with expect_counters(**_counts(graphs=2, pieces=10, capturable=6, inductor=mode == "inductor", captures=captures)):
+        with _no_graph_warning_on_cpu(device):
+            for size in (4, 4, 2, 2, 4, 2, 3):  # warm up and capture both sizes, replay, run 3 without a graph
+                x = buffer[:size]
+                x.copy_(torch.randn(x.shape))
+                torch.testing.assert_close(second(first(x)), expected_output(expected_output(x)), rtol=0, atol=0)
 
 
 UNSPLIT_CASES = [
