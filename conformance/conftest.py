@@ -1,4 +1,4 @@
-"""The conformance suite's set-up: the implementation under test, capability skips, mode markers, the report.
+"""The conformance suite's set-up: the implementation under test, capability skips, mode markers.
 
 * ``--impl NAME`` (registered in the root conftest.py) picks the implementation (conformance/implementation.py); every test that needs it takes
   the ``impl`` fixture, and ``impl.activate()`` is entered around every test.
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conformance.implementation import CAPABILITIES, Unsupported
 from conformance.report import IMPLEMENTATION, rule_of

@@ -45,7 +45,9 @@ CONFIG_FIELDS = st.fixed_dictionaries(
         "level": _optional(st.sampled_from([0, 1, 2, 3])),
         "use_inductor": st.just(False),
         "custom_ops": _optional(
-            st.lists(st.sampled_from(["all", "none", "+rms_norm", "-rms_norm", "-rotary_embedding", "+bogus"]), max_size=3)
+            st.lists(
+                st.sampled_from(["all", "none", "+rms_norm", "-rms_norm", "-rotary_embedding", "+bogus"]), max_size=3
+            )
         ),
         "splitting_ops": _optional(
             st.sampled_from([[], ["reference::attention"], ["reference::rms_norm"], ["foo::bar"]])
@@ -67,7 +69,9 @@ def _steps(lengths: list[int]) -> list[list[list[int]]]:
 
 @pytest.mark.eager
 @pytest.mark.no_inductor
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(fields=CONFIG_FIELDS, lengths=PROMPTS)
 def test_every_accepted_config_runs_like_eager_or_is_refused(impl, fields, lengths):
     steps = _steps(lengths)

@@ -73,7 +73,9 @@ def test_each_prompt_gets_exactly_max_tokens_in_prompt_order(model, mode):
         pytest.param(dict(mode="no_inductor"), id="no_inductor-one-wave", marks=pytest.mark.no_inductor),
         pytest.param(dict(mode="eager", max_num_seqs=2), id="eager-waves-of-2", marks=pytest.mark.eager),
         pytest.param(
-            dict(mode="eager", max_num_seqs=4, max_num_batched_tokens=5), id="eager-chunked-prefill", marks=pytest.mark.eager
+            dict(mode="eager", max_num_seqs=4, max_num_batched_tokens=5),
+            id="eager-chunked-prefill",
+            marks=pytest.mark.eager,
         ),
     ],
 )
@@ -264,8 +266,11 @@ def test_bad_compilation_settings_raise_config_errors(kwargs, match):
     [
         ([[5] * 500], greedy(20), r"^prompts\[0\]: prompt \(500 tokens\) \+ max_tokens \(20\) = 520 exceeds"),
         (["some text"], greedy(2), r"^prompts\[0\] is a string but 'llama-tiny' has no tokenizer"),
-        ([[1, 2], [3, 256]], greedy(2),
-         r"^prompts\[1\]: token ids must be ints in \[0, 256\), got 256 at position 1 of 2$"),
+        (
+            [[1, 2], [3, 256]],
+            greedy(2),
+            r"^prompts\[1\]: token ids must be ints in \[0, 256\), got 256 at position 1 of 2$",
+        ),
         ([[1, 2], []], greedy(2), r"^prompts\[1\]: expected a non-empty list"),
         ([1, 2, 3], greedy(2), "^prompts: a flat list of ints is ambiguous"),
         ([[1, 2]], greedy(2, stop_token_ids=[300]), r"^sampling_params.stop_token_ids: \[300\] outside"),

@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 
 from reference.benchmark.baselines import BASELINES
-from reference.compilation.backend import check_splitting_ops_exist
 from reference.benchmark.latency import MODE_KWARGS, mode_kwargs, run
 from reference.benchmark.report import markdown_table, write_results
+from reference.compilation.backend import check_splitting_ops_exist
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.engine.arguments import DTYPES, resolve_device
 from reference.models import registry

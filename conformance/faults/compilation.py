@@ -1,0 +1,92 @@
+"""Faults of the compilation pipeline seen on any device: compile, Dynamo capture, split, config."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+
+from conformance.faults.fault import Fault, patches
+from reference.compilation import backend, split
+from reference.compilation import compile_piece as compile_piece_module
+from reference.compilation.counters import compilation_counter
+from reference.config import compilation as config_module
+from reference.config.compilation import CompilationConfig
+
+_real_compile_piece = compile_piece_module.compile_piece
+_real_default_capture_sizes = config_module.default_capture_sizes
+_real_resolve_capture_sizes = CompilationConfig._resolve_capture_sizes
+
+
+def _inductor_despite_use_inductor_false(module, config):
+    """Counts an eager compile, as the branch that decides would, but compiles with Inductor."""
+    if config.use_inductor:
+        return _real_compile_piece(module, config)
+    compilation_counter.num_backend_compilations += 1
+    compilation_counter.num_eager_compiles += 1
+    return torch._inductor.standalone_compile(
+        module, compile_piece_module.example_inputs(module), dynamic_shapes="from_graph", options={"config_patches": {}}
+    )
+
+
+def _tagged_overloads_only(target, splitting_ops):
+    """``is_splitting_op`` reading the tag on overloads only: Dynamo records packets, so none split."""
+    if splitting_ops is not None:
+        return split.op_name(target) in splitting_ops
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.cudagraph_unsafe in target.tags
+
+
+def _multiples_of_8_only(max_size):
+    """vLLM's older list: 1, 2, 4 and multiples of 8, so a maximum that is not a multiple of 8 is lost."""
+    return tuple(s for s in _real_default_capture_sizes(max_size) if s in (1, 2, 4) or s % 8 == 0)
+
+
+def _sorted_not_deduplicated(self):
+    given = self.cudagraph_capture_sizes
+    _real_resolve_capture_sizes(self)
+    if given is not None:
+        object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(given)))
+
+
+FAULTS = [
+    Fault(
+        id="use-inductor-ignored",
+        kind="compile",
+        description="use_inductor=False still compiles every piece with Inductor, while the counters say eager",
+        plant=patches(mock.patch.object(backend, "compile_piece", _inductor_despite_use_inductor_false)),
+        tests="compiles_nothing_with_inductor",
+    ),
+    Fault(
+        id="token-dimension-not-dynamic",
+        kind="capture",
+        description="the token dimension is never marked dynamic, so Dynamo specialises the one trace to the first "
+        "call's token count (with guards dropped, every other batch size runs a graph traced for another)",
+        plant=patches(mock.patch("torch._dynamo.mark_dynamic", lambda *args, **kwargs: None)),
+        tests="test_level2_traces_once_for_every_size",
+    ),
+    Fault(
+        id="split-misses-tagged-op",
+        kind="split",
+        description="the split pass looks for torch.Tag.cudagraph_unsafe on op overloads only; Dynamo records op "
+        "packets, so with the default splitting_ops attention stays inside a piece that would be captured",
+        plant=patches(mock.patch.object(split, "is_splitting_op", _tagged_overloads_only)),
+        tests="test_the_default_splits_at_every_op_tagged_cudagraph_unsafe",
+    ),
+    Fault(
+        id="largest-capture-size-dropped",
+        kind="config",
+        description="a max_cudagraph_capture_size that is not a multiple of 8 is left out of the default capture "
+        "sizes, so a step of that many tokens runs without a graph",
+        plant=patches(mock.patch.object(config_module, "default_capture_sizes", _multiples_of_8_only)),
+        tests="test_a_maximum_that_is_not_a_multiple_of_8_is_kept",
+        bug="https://github.com/vllm-project/vllm/pull/37865",
+    ),
+    Fault(
+        id="capture-sizes-not-deduplicated",
+        kind="config",
+        description="explicit cudagraph_capture_sizes are sorted but not deduplicated, so a repeated size is "
+        "captured twice",
+        plant=patches(mock.patch.object(CompilationConfig, "_resolve_capture_sizes", _sorted_not_deduplicated)),
+        tests="test_explicit_sizes_are_deduplicated_and_sorted_and_set_the_maximum",
+    ),
+]

@@ -1,0 +1,108 @@
+"""Faults that only CUDA graphs show (device ``cuda``): what a graph keeps, reads and is ordered after.
+
+They cannot show on a CPU, where nothing is captured; ``python -m conformance.faults --device cuda`` runs
+them with the gpu-marked tests. Each names in ``tests`` the gpu test expected to catch it.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+from torch.utils._pytree import tree_map
+
+from conformance.faults.fault import Fault, patches
+from reference.compilation import backend, cuda_graph
+from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
+from reference.engine.runner import ModelRunner
+
+_real_capture = CUDAGraphPiece._capture
+_real_call = CUDAGraphPiece.__call__
+_real_run = ModelRunner._run
+
+
+def _outputs_dropped_at_capture(self, size, args):
+    """The capture call hands out non-owning views too, so the capture's outputs are freed at once and the next
+    piece's capture allocates over them while the step still reads them."""
+    return tree_map(non_owning, _real_capture(self, size, args))
+
+
+def _inputs_reallocated(self, new_tokens, context_lens, rows):
+    """Fresh input buffers every step: a graph keeps reading the addresses it was captured with."""
+    self.input_ids, self.positions = self.input_ids.clone(), self.positions.clone()
+    return _real_run(self, new_tokens, context_lens, rows)
+
+
+def _one_warmup(**kwargs):
+    return CUDAGraphPiece(**{**kwargs, "num_warmups": 1})
+
+
+def _on_the_capture_stream(self, *args):
+    """Warm-ups, capture and replays all run on the piece's side stream, which neither waits for the current
+    stream nor is waited for."""
+    with torch.cuda.stream(self.stream):
+        return _real_call(self, *args)
+
+
+FAULTS = [
+    Fault(
+        id="graph-outputs-freed-at-capture",
+        kind="capture",
+        description="a piece's capture call returns non-owning views of its outputs, so their memory goes back to "
+        "the pool while the step still needs them; the next piece's graph overwrites them before they are read "
+        "(the bitwise comparisons with eager replay every step through such graphs)",
+        plant=patches(mock.patch.object(CUDAGraphPiece, "_capture", _outputs_dropped_at_capture)),
+        tests="test_no_inductor_is_bitwise_equal_to_eager and cuda",
+        device="cuda",
+        bug="https://github.com/pytorch/pytorch/issues/148439",
+    ),
+    Fault(
+        id="runner-inputs-reallocated",
+        kind="runner",
+        description="the runner allocates new input_ids and positions buffers every step, so the first piece's "
+        "graph reads the addresses of the capture's buffers, holding old or freed data (every graph replay of "
+        "the bitwise comparisons with eager then computes on stale tokens)",
+        plant=patches(mock.patch.object(ModelRunner, "_run", _inputs_reallocated)),
+        tests="test_no_inductor_is_bitwise_equal_to_eager and cuda",
+        device="cuda",
+        bug="https://github.com/vllm-project/vllm/pull/53915",
+    ),
+    Fault(
+        id="address-check-skipped",
+        kind="capture",
+        description="debug_cudagraph_addresses checks nothing, so an input that moved after capture is replayed "
+        "from its old address without a word",
+        plant=patches(mock.patch.object(CUDAGraphPiece, "_check_addresses", lambda self, captured, size, args: None)),
+        tests="test_debug_addresses",
+        device="cuda",
+        bug="https://github.com/vllm-project/vllm/pull/53915",
+    ),
+    Fault(
+        id="graph-outputs-kept-alive",
+        kind="capture",
+        description="captured graphs keep owning references to their outputs, so no size reuses another's memory "
+        "and graph memory grows with the sum of the capture sizes instead of the largest",
+        plant=patches(mock.patch.object(cuda_graph, "non_owning", lambda tensor: tensor)),
+        tests="test_all_capture_sizes_share_the_memory_of_the_largest",
+        device="cuda",
+        bug="https://github.com/vllm-project/vllm/pull/9724",
+    ),
+    Fault(
+        id="num-of-warmups-not-passed-on",
+        kind="capture",
+        description="cudagraph_num_of_warmups never reaches the pieces: every size is warmed up once, whatever "
+        "the config says",
+        plant=patches(mock.patch.object(backend, "CUDAGraphPiece", _one_warmup)),
+        tests="test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs",
+        device="cuda",
+    ),
+    Fault(
+        id="pieces-run-on-the-capture-stream",
+        kind="capture",
+        description="warm-up, capture and replay run on the pieces' side stream without ordering against the "
+        "current stream, so a piece may read inputs the current stream has not written yet",
+        plant=patches(mock.patch.object(CUDAGraphPiece, "__call__", _on_the_capture_stream)),
+        tests="test_each_call_sees_the_inputs_queued_before_it_on_the_current_stream",
+        device="cuda",
+    ),
+]

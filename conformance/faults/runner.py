@@ -1,0 +1,134 @@
+"""Faults of the model runner (padding, slot mapping, the gather of the outputs) and of the engine's
+scheduling (cache rows, context lengths, stopping rules), all visible on the CPU: the runner pads steps to
+capture sizes there too."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from unittest import mock
+
+from conformance.faults.fault import Fault, patches
+from reference.engine.llm import LLM
+from reference.engine.runner import ModelRunner
+from reference.ops.attention_metadata import AttentionMetadata
+
+_real_slot_mapping = AttentionMetadata.slot_mapping_list
+_real_decode = LLM._decode
+_real_sample_requests = LLM._sample
+
+
+def _gathered_behind_the_padding(self, new_tokens, context_lens, rows):
+    """Each sequence's last row is counted from the end of the padded batch (``hidden[-num_seqs:]`` in
+    decode), which holds padding rows once the step is padded."""
+    hidden, last_rows = self._run(new_tokens, context_lens, rows)
+    n = hidden.shape[0]
+    padded = hidden.as_strided((max(self.padded_size(n), n), hidden.shape[1]), hidden.stride())
+    return self.model.compute_logits(padded[last_rows + padded.shape[0] - n])
+
+
+def _slots_one_ahead(query_lens, seq_lens, rows, max_model_len):
+    return [slot + 1 for slot in _real_slot_mapping(query_lens, seq_lens, rows, max_model_len)]
+
+
+def _padded_past_an_exact_size(self, num_tokens):
+    """A step of exactly a capture size is padded to the next one (``bisect_right``)."""
+    i = bisect.bisect_right(self.capture_sizes, num_tokens)
+    return self.capture_sizes[i] if i < len(self.capture_sizes) else num_tokens
+
+
+def _decode_with(rewrite):
+    """``LLM._decode`` whose runner steps get ``rewrite(context_lens, rows) -> (context_lens, rows)``."""
+
+    def decode(self, wave):
+        step = self.runner.step
+
+        def rewritten(tokens, context_lens, rows):
+            return step(tokens, *rewrite(context_lens, rows))
+
+        with mock.patch.object(self.runner, "step", rewritten):
+            _real_decode(self, wave)
+
+    return decode
+
+
+def _rows_by_batch_position(context_lens, rows):
+    return context_lens, list(range(len(rows)))
+
+
+def _context_one_past(context_lens, rows):
+    return [c + 1 for c in context_lens], rows
+
+
+def _sample_without(field: str, value):
+    """``LLM._sample`` seeing each request's params with ``field`` set to ``value`` (restored afterwards)."""
+
+    def sample(self, requests, logits):
+        params = [r.params for r in requests]
+        for r in requests:
+            r.params = dataclasses.replace(r.params, **{field: value})
+        try:
+            _real_sample_requests(self, requests, logits)
+        finally:
+            for r, p in zip(requests, params):
+                r.params = p
+
+    return sample
+
+
+FAULTS = [
+    Fault(
+        id="logits-gathered-behind-the-padding",
+        kind="runner",
+        description="each sequence's logits are taken at its last token counted from the end of the padded step, "
+        "so a padded step reads padding rows",
+        plant=patches(mock.patch.object(ModelRunner, "step", _gathered_behind_the_padding)),
+        tests="test_padding_rows_do_not_change_the_real_rows",
+    ),
+    Fault(
+        id="slot-mapping-one-ahead",
+        kind="runner",
+        description="every token's key and value go to the KV-cache slot after its position, so position 0 of a "
+        "sequence is never written and attention reads an empty slot",
+        plant=patches(mock.patch.object(AttentionMetadata, "slot_mapping_list", staticmethod(_slots_one_ahead))),
+        tests="test_llama_oracle and test_logits_match and llama-tiny-eager-cpu",
+    ),
+    Fault(
+        id="padded-past-an-exact-size",
+        kind="runner",
+        description="a step of exactly a capture size is padded to the next size, so the graphs of the size it "
+        "has are captured but never replayed",
+        plant=patches(mock.patch.object(ModelRunner, "padded_size", _padded_past_an_exact_size)),
+        tests="test_padded_size_is_the_smallest_capture_size_that_fits",
+    ),
+    Fault(
+        id="decode-rows-by-batch-position",
+        kind="engine",
+        description="decode steps address the KV cache by position in the batch of unfinished sequences, so once "
+        "a sequence finishes, the ones after it read their neighbours' cache rows",
+        plant=patches(mock.patch.object(LLM, "_decode", _decode_with(_rows_by_batch_position))),
+        tests="test_each_request_generates_what_it_generates_alone",
+    ),
+    Fault(
+        id="decode-context-one-past",
+        kind="engine",
+        description="decode steps count one cached token too many per sequence, so each new token goes one "
+        "position too far and leaves a hole in the cache",
+        plant=patches(mock.patch.object(LLM, "_decode", _decode_with(_context_one_past))),
+        tests="test_greedy_generate_equals_token_by_token_recompute and eager-one-wave",
+    ),
+    Fault(
+        id="stop-token-not-checked",
+        kind="engine",
+        description="stop_token_ids do not end a sequence: it runs on to max_tokens",
+        plant=patches(mock.patch.object(LLM, "_sample", _sample_without("stop_token_ids", []))),
+        tests="test_a_stop_token_ends_the_sequence_and_is_reported",
+    ),
+    Fault(
+        id="min-tokens-ignored",
+        kind="engine",
+        description="min_tokens does not keep EOS and stop tokens from being sampled early",
+        plant=patches(mock.patch.object(LLM, "_sample", _sample_without("min_tokens", 0))),
+        tests="test_min_tokens_keeps_stop_tokens_from_being_sampled_early",
+    ),
+]

@@ -1,0 +1,33 @@
+"""``cudagraph_num_of_warmups``: a piece runs plainly that many times at a size before the size is captured.
+
+The warm-up runs are what keep lazy initialisation (cuBLAS handles, autotuning, module loading) out of
+the graphs, so the count the config asks for is the count that must happen. CUDA only (marked gpu). The
+silly model has 3 capturable pieces, so capturing a size counts 3 captures; its output has an exact
+closed form at every call, warm-up, capture or replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference.compilation import expect_counters
+from reference.config import mode_config
+from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires("counters")]
+
+
+@pytest.mark.parametrize("warmups", [1, 3])
+@pytest.mark.parametrize("mode", ["no_inductor"])  # the warm-up count is the graphs' business, not the compiler's
+def test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs(mode, warmups, impl):
+    config = mode_config(
+        mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[2], cudagraph_num_of_warmups=warmups
+    )
+    compiled = impl.compile(SillyModel(), config)
+    x = torch.zeros(2, 8, device="cuda")
+    for call in range(warmups + 3):  # warm-ups (the first also traces), the capture, two replays
+        with expect_counters(num_cudagraph_captured=3 if call == warmups else 0):
+            x.copy_(torch.randn(x.shape))
+            out = compiled(x)
+            torch.testing.assert_close(out, expected_output(x), rtol=0, atol=0, msg=lambda m: f"call {call}: {m}")

@@ -1,0 +1,54 @@
+"""The fault catalogue (conformance/faults/): the suite must reject every CPU-visible fault it plants.
+
+Each CPU fault runs in a fresh pytest process, through the same function ``python -m conformance.faults``
+uses (``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an
+error does not count). That run ignores this file. The catalogue itself is checked too: enough faults,
+unique ids, known kinds and devices, patches that enter and leave, expressions that select tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conformance.faults import FAULTS, KINDS
+from conformance.faults.run import run_fault, selected_tests
+
+pytestmark = pytest.mark.requires("components")  # the catalogue plants its faults in the reference
+
+CPU_FAULTS = [f for f in FAULTS if f.device == "cpu"]
+
+
+def test_the_catalogue_has_at_least_25_faults_with_unique_ids_known_kinds_and_devices():
+    ids = [f.id for f in FAULTS]
+    assert len(FAULTS) >= 25, f"{len(FAULTS)} faults"
+    assert len(set(ids)) == len(ids), sorted(i for i in ids if ids.count(i) > 1)
+    assert {f.kind for f in FAULTS} <= set(KINDS)
+    assert {f.device for f in FAULTS} <= {"cpu", "cuda"}
+    # ids name tests here and in the CLI; kebab-case keeps them from reading as the no_inductor mode (-k)
+    assert all(i == i.lower() and "_" not in i and " " not in i for i in ids), ids
+    assert all(f.tests and f.description for f in FAULTS)  # every fault names the tests that must catch it
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
+def test_a_fault_plants_and_removes_its_patches(fault):
+    """A patch of a name the reference no longer has fails here (mock refuses it), not in every test of the
+    fault's run, where an error would hide that nothing was planted."""
+    with fault.plant():
+        pass
+
+
+def test_every_cpu_faults_tests_select_at_least_one_test():
+    selected = selected_tests(CPU_FAULTS, "cpu")
+    empty = [f.id for f in CPU_FAULTS if not selected[f.id]]
+    assert not empty, f"these faults' -k expressions select no test on cpu: {empty}"
+    assert not any(node.startswith("conformance/test_faults.py") for nodes in selected.values() for node in nodes)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.id for f in CPU_FAULTS])
+def test_the_suite_catches(fault):
+    jobs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # faults running at once share the cores
+    test, note = run_fault(fault, "cpu", jobs)
+    assert test, note
