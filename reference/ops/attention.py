@@ -21,7 +21,7 @@ from torch import nn
 
 from reference.forward_context import get_forward_context
 from reference.ops.attention_metadata import AttentionMetadata
-from reference.ops.library import HAS_TRITON, define_op, register_direct_call
+from reference.ops.library import HAS_TRITON, TRITON_DTYPES, define_op, register_direct_call
 
 if HAS_TRITON:
     from reference.ops import triton_kernels
@@ -56,10 +56,11 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
     """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
 
-    Decode steps on CUDA take one Triton launch (cache write + attention); everything else runs the
-    torch path below, which is also the reference the Triton kernel is tested against.
+    Decode steps on CUDA in fp16, bf16 or fp32 take one Triton launch (cache write + attention); everything
+    else (float64 references included) runs the torch path below, which is also the reference the Triton
+    kernel is tested against.
     """
-    if md.is_decode and HAS_TRITON and q.is_cuda:
+    if md.is_decode and HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
         triton_kernels.decode_attention(
             q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
             layer.scale, layer.sliding_window, layer.logits_soft_cap,

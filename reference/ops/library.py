@@ -24,6 +24,8 @@ NAMESPACE = "reference"
 # otherwise, and on CPU, they run their reference torch implementation.
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 SPLITTING_TAG = torch.Tag.cudagraph_unsafe
+# What the Triton kernels are written for; other dtypes (float64 references) run the torch code on CUDA too.
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _DIRECT_CALLS: dict[str, Callable] = {}
 
@@ -52,7 +54,8 @@ def define_op(
         mutates_args: names of the arguments ``impl`` writes into.
         fake: shape-only implementation for tracing; default ``impl`` itself, which is right for an op
             that returns new tensors computed by torch code (fake tensors carry the shapes through).
-        cuda: implementation on CUDA devices, used only when Triton is installed.
+        cuda: implementation on CUDA devices, used only when Triton is installed and the first tensor
+            argument's dtype is one of ``TRITON_DTYPES`` (``impl`` runs otherwise).
         splitting: tag the op ``torch.Tag.cudagraph_unsafe``: a default splitting op.
     """
     op = torch.library.custom_op(
@@ -60,7 +63,12 @@ def define_op(
     )(impl)
     op.register_fake(fake or impl)
     if cuda is not None and HAS_TRITON:
-        op.register_kernel("cuda")(cuda)
+
+        def on_cuda(*args):
+            dtype = next(a for a in args if isinstance(a, torch.Tensor)).dtype
+            return cuda(*args) if dtype in TRITON_DTYPES else impl(*args)
+
+        op.register_kernel("cuda")(on_cuda)
     return getattr(getattr(torch.ops, NAMESPACE), name)
 
 
