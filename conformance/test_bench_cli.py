@@ -3,14 +3,16 @@ markdown, and rejects bad flags with argparse's exit code 2 and a message naming
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from reference.bench_latency import main, parse_args
-from reference.benchmark.latency import MODE_KWARGS as MODES
-from reference.benchmark.latency import mode_kwargs
+from reference.benchmark.choices import MODE_KWARGS as MODES
+from reference.benchmark.choices import mode_kwargs
 from reference.benchmark.timing import latency_stats
 from reference.config import CompilationConfig, config_fields
 
@@ -295,3 +297,63 @@ def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
         assert r["x_floor"] == pytest.approx(r["latency_s"]["p50"] / r["floor_s"])
     compiled = [r for r in doc["results"] if r["mode"] != "eager"]
     assert all(r["startup"]["capture_sizes"] == [2, 1] for r in compiled)  # up to --batch-size 2
+
+
+def test_the_clis_dtype_names_are_the_engines():
+    from reference.benchmark.choices import DTYPE_NAMES
+    from reference.engine.arguments import DTYPES
+
+    assert list(DTYPE_NAMES) == list(DTYPES)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["-O3"], {"level": 3}),
+        (["-O", "3"], {"level": 3}),
+        (["-cc", "{'custom_ops': ['none']}"], {"custom_ops": ["none"]}),
+        (
+            ["-O.cudagraph_capture_sizes=[1, 2]", "-cc.custom_ops=['none']"],
+            {"cudagraph_capture_sizes": [1, 2], "custom_ops": ["none"]},
+        ),
+        (["--compilation-config", "{'custom_ops': ['all']}", "-O.custom_ops=['none']"], {"custom_ops": ["none"]}),
+    ],
+    ids=["O3", "O-space-3", "cc-dict", "dotted-fields", "dotted-over-a-whole-config"],
+)
+def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
+    args = parse_args(["--model", "toy-llama", "--modes", "inductor", *argv])
+    assert args.compilation_config == expected
+
+
+def test_a_dotted_field_without_a_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "toy-llama", "-O.level"])
+    assert exit_info.value.code == 2
+    assert "-O.FIELD=VALUE: expected e.g. -O.level=3, got '-O.level'" in capsys.readouterr().err
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    """--help answers at once: nothing heavy is imported before the flags are parsed."""
+    code = (
+        "import sys\nfrom reference.bench_latency import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.eager
+@pytest.mark.no_inductor
+def test_the_printed_table_says_what_ran_and_eager_compiles_nothing(capsys):
+    main(["--model", "llama-tiny", *TINY_RUN, "--modes", "eager,no_inductor", "--device", "cpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0].startswith("llama-tiny on cpu") and "float32" in out[0] and "batch 2, 3 prompt + 2 generated" in out[0]
+    )
+    assert out[1].startswith("note: CUDA graphs need CUDA")
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in out if line.startswith("| ")
+    }
+    compile_column = rows["mode"].index("compile s")
+    assert rows["eager"][compile_column] == "-" and rows["no_inductor"][compile_column] != "-"

@@ -9,7 +9,7 @@ import torch
 
 from conformance.oracle import oracle_greedy
 from reference.benchmark.baselines import build_hf_model
-from reference.benchmark.latency import MODE_KWARGS as MODES
+from reference.benchmark.choices import MODE_KWARGS as MODES
 from reference.config import ConfigError
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams

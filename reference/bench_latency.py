@@ -8,6 +8,13 @@ files :mod:`reference.benchmark.report`. Each LLM gets ``max_num_seqs = batch_si
 ``max_model_len = input_len + output_len``, so, unless ``--compilation-config`` says otherwise, its
 capture sizes go up to ``batch_size`` (every decode step runs at exactly ``batch_size`` tokens; the
 prefill step runs compiled, without a graph).
+
+vLLM's spellings of the config flag work too: ``-cc`` for ``--compilation-config``, ``-O3`` (a level digit,
+like ``--compilation-config 3``) and ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` for one field (VALUE read as
+JSON or a Python literal, else as a string; several merge, and go over a whole ``--compilation-config``).
+
+Only argparse and reference.config are imported before the flags are parsed, so ``--help`` and usage
+errors answer at once; torch, transformers and the models load after.
 """
 
 from __future__ import annotations
@@ -17,21 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from reference.benchmark.baselines import BASELINES
-from reference.benchmark.latency import MODE_KWARGS, mode_kwargs, run
-from reference.benchmark.report import markdown_table, write_results
-from reference.compilation.backend import check_splitting_ops_exist
-from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
-from reference.engine.arguments import DTYPES, resolve_device
-from reference.models import registry
-from reference.ops import CustomOpSelection
+from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
+from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config, parse_config_text
 
 # The config fields that tell the modes apart: --compilation-config may not change them, or a row
 # labelled with one mode would run another.
 MODE_DEFINING_FIELDS = ("level", "use_inductor", "cudagraph_mode")
 DEFAULT_RESULTS_DIR = "perf/results"
+# what the usage line calls the program: the console script's name, or how README runs the module
+PROG = "reference-bench-latency" if Path(sys.argv[0]).name == "reference-bench-latency" else "python -m reference.bench_latency"
 
 
 # ---------------------------------------------------------------------- command line
@@ -79,6 +80,9 @@ def _config_fields(text: str) -> dict[str, Any]:
     try:
         fields = config_fields(text)
         config = CompilationConfig.parse(fields)  # keys and values
+        from reference.compilation.backend import check_splitting_ops_exist  # torch: after --help
+        from reference.ops import CustomOpSelection
+
         CustomOpSelection(config)  # custom-op names
         check_splitting_ops_exist(config.splitting_ops or ())  # splitting-op names, before any model loads
     except ConfigError as err:
@@ -88,6 +92,8 @@ def _config_fields(text: str) -> dict[str, Any]:
 
 def _model(text: str) -> str:
     try:
+        from reference.models import registry  # transformers: after --help
+
         registry.model_config(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
@@ -96,6 +102,8 @@ def _model(text: str) -> str:
 
 def _device(text: str) -> str:
     try:
+        from reference.engine.arguments import resolve_device  # torch: after --help
+
         resolve_device(text, name="--device")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--device: ")) from None
@@ -104,7 +112,7 @@ def _device(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m reference.bench_latency",
+        prog=PROG,
         description="Latency of whole generate calls per compilation mode, over one set of weights, with the "
         "memory-bandwidth floor and optional transformers baselines.",
         epilog="Modes: eager = enforce_eager (level 0, custom ops on); no_inductor = level 3, use_inductor "
@@ -130,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--compilation-config",
         type=_config_fields,
         default=None,
-        help="JSON or Python-literal dict overriding fields of the compiled modes' configs, "
+        help="(-cc, -O) JSON or Python-literal dict overriding fields of the compiled modes' configs, "
         "e.g. capture sizes or custom_ops; level and use_inductor are set by --modes",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help="as LLM(dtype=...)" + default)
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
@@ -169,7 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check the flags; errors exit with code 2 and name the flag."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    try:
+        expanded = expand_vllm_spellings(given)
+    except ConfigError as err:
+        parser.error(str(err))
+    args = parser.parse_args(expanded)
     if args.enforce_eager:
         if args.modes not in (None, ["eager"]):
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
@@ -192,6 +205,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 CompilationConfig.parse(mode_kwargs(mode, args.compilation_config)["compilation_config"])
             except ConfigError as err:
                 parser.error(f"--compilation-config: with mode {mode!r}: {err}")
+    import torch
+
+    from reference.models import registry
+
     max_positions = registry.model_config(args.model).get_text_config().max_position_embeddings
     if args.input_len + args.output_len > max_positions:
         parser.error(
@@ -201,8 +218,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.num_iters_baseline is None:
         args.num_iters_baseline = args.num_iters
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv, args.prog = given, PROG
     return args
+
+
+def expand_vllm_spellings(argv: list[str]) -> list[str]:
+    """``argv`` with vLLM's shorthands spelled out: ``-O3`` -> ``--compilation-config 3``, and every
+    ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` merged into one ``--compilation-config`` (over a whole one
+    given too). ``-cc VALUE`` is an alias argparse knows.
+
+    Raises:
+        ConfigError: ``-O.FIELD`` without ``=VALUE``, or a whole config that is not a dict.
+    """
+    out, dotted, whole = [], {}, None
+    args = iter(argv)
+    for arg in args:
+        if arg.startswith(("-O.", "-cc.")):
+            key, sep, text = arg.split(".", 1)[1].partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{arg.split('.')[0]}.FIELD=VALUE: expected e.g. -O.level=3, got {echo(arg)}")
+            try:
+                dotted[key] = parse_config_text(text)
+            except ConfigError:
+                dotted[key] = text  # a bare word: a string value
+        elif arg.startswith("-O") and arg not in ("-O",) and arg[2:].lstrip("-").isdigit():
+            whole = arg[2:]
+        elif arg in ("-O", "-cc", "--compilation-config"):
+            whole = next(args, "")
+        elif arg.startswith("--compilation-config="):
+            whole = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+    if dotted:
+        fields = config_fields(whole) if whole is not None else {}
+        whole = repr({**fields, **dotted})
+    return out + (["--compilation-config", whole] if whole is not None else [])
 
 
 def _defining_fields(mode: str) -> str:
@@ -229,11 +279,15 @@ def main(argv: list[str] | None = None) -> None:
     Times are seconds; ``x_floor`` and ``speedup_vs`` use p50.
     """
     args = parse_args(argv)
+    from reference.benchmark.latency import run
+    from reference.benchmark.report import markdown_header, markdown_table, write_results
+
     try:
         doc = run(args)
-    except ConfigError as err:  # found when a mode's model is compiled, e.g. an unregistered splitting op
-        print(f"{build_parser().prog}: error: {err}", file=sys.stderr)
+    except ConfigError as err:  # found when a mode's model is compiled
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    print(markdown_header(doc))
     print(markdown_table(doc))
     for path in write_results(doc, args.output_json, args.results_dir):
         print(f"wrote {path}", file=sys.stderr)

@@ -19,10 +19,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, CompileConfig, PreTrainedModel
 
+from reference.benchmark.choices import BASELINES
 from reference.models import registry
 from reference.models.loader import hf_state_dict
-
-BASELINES = ("hf-eager", "hf-compile")
 
 
 def build_hf_model(model: str, ours: nn.Module) -> PreTrainedModel:

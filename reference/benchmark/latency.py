@@ -19,36 +19,24 @@ import datetime
 import platform
 import shlex
 import sys
+import warnings
 from typing import Any
 
 import torch
 import transformers
 
 from reference.benchmark.baselines import build_hf_model, make_baseline
+from reference.benchmark.choices import mode_kwargs
 from reference.benchmark.floor import floor_bandwidth
 from reference.benchmark.timing import latency_stats, release, time_calls
-from reference.config import MODES as MODE_FIELDS
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
 from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import kernel_backend
 
-# mode -> LLM keyword arguments (from reference.config.MODES); vLLM users know them as --enforce-eager
-# and two -O configs.
-MODE_KWARGS: dict[str, dict[str, Any]] = {
-    mode: {"enforce_eager": True} if mode == "eager" else {"compilation_config": dict(fields)}
-    for mode, fields in MODE_FIELDS.items()
-}
-
-
-def mode_kwargs(mode: str, overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """LLM keyword arguments of ``mode``, with ``overrides`` applied to a compiled mode's config."""
-    kwargs = dict(MODE_KWARGS[mode])
-    if overrides and "compilation_config" in kwargs:
-        kwargs["compilation_config"] = {**kwargs["compilation_config"], **overrides}
-    return kwargs
-
+# capture.py's warning for a piecewise config on a CPU
+NO_GRAPHS_WARNING = "cudagraph_mode='piecewise' but the model is not on a CUDA device"
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every mode and baseline of ``args`` (the parsed ``bench_latency`` flags); returns the
@@ -64,22 +52,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     owner: LLM | None = None  # the LLM holding the weights
     weight_bytes = None
     for mode in args.modes:
-        llm = LLM(
-            args.model,
-            dtype=args.dtype,
-            device=device,
-            seed=args.seed,
-            max_num_seqs=args.batch_size,
-            max_model_len=args.input_len + args.output_len,
-            share_weights_with=owner,
-            **mode_kwargs(mode, args.compilation_config),
-        )
+        with warnings.catch_warnings():  # said once, under the table (report.markdown_header), not mid-bar
+            warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+            llm = LLM(
+                args.model,
+                dtype=args.dtype,
+                device=device,
+                seed=args.seed,
+                max_num_seqs=args.batch_size,
+                max_model_len=args.input_len + args.output_len,
+                share_weights_with=owner,
+                **mode_kwargs(mode, args.compilation_config),
+            )
         if owner is None:
             owner, weight_bytes = llm, weight_bytes_per_decode_step(llm.model)
         prompts = prompt_ids.tolist()
-        times, outputs = time_calls(
-            lambda: llm.generate(prompts, params, use_tqdm=False), device, args.num_iters_warmup + args.num_iters
-        )
+        calls = args.num_iters_warmup + args.num_iters
+        label = f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+            times, outputs = time_calls(lambda: llm.generate(prompts, params, use_tqdm=False), device, calls, label)
         times = times[args.num_iters_warmup :]
         tokens = [o.outputs[0].token_ids for o in outputs]
         reference_tokens = reference_tokens or tokens
@@ -111,7 +103,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         baseline = make_baseline(name, hf, args.output_len)
         input_ids = prompt_ids.to(device)
         warmup = args.num_iters_warmup_baseline
-        times, out = time_calls(lambda: baseline(input_ids), device, warmup + args.num_iters_baseline)
+        label = f"{name}: {warmup} warm-up + {args.num_iters_baseline} timed generates"
+        times, out = time_calls(lambda: baseline(input_ids), device, warmup + args.num_iters_baseline, label)
         first_call_s, times = times[0], times[warmup:]  # the first call compiles hf-compile
         results.append(
             {
@@ -162,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "transformers": transformers.__version__,
             "custom_op_kernels": kernel_backend(device),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": "python -m reference.bench_latency " + shlex.join(args.argv),
+            "command": f"{args.prog} " + shlex.join(args.argv),
         },
     }
 

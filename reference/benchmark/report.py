@@ -29,7 +29,9 @@ def markdown_table(doc: dict[str, Any]) -> str:
         row = [r["mode"], _fmt(lat["avg"]), _fmt(lat["p50"]), _fmt(lat["p90"]), _fmt(r["tokens_per_s"], ".1f")]
         row += [_fmt(r["floor_s"]), _fmt(r["x_floor"], ".2f")]
         if r["kind"] == "engine":
-            row += [_fmt(st["compile_s"], ".2f"), _fmt(st["capture_s"], ".2f"), _fmt(st["graph_gib"], ".3f")]
+            compiles = r["compilation_config"]["level"] > 0  # eager compiles nothing: its first call is no compile
+            row += [_fmt(st["compile_s"] if compiles else None, ".2f"), _fmt(st["capture_s"], ".2f")]
+            row += [_fmt(st["graph_gib"], ".3f")]
             row += [f"{r['speedup_vs'][b]:.2f}x" for b in baselines]
         else:
             row += [f"{st['first_call_s']:.2f} (first call)", "-", "-"] + ["-"] * len(baselines)
@@ -37,6 +39,20 @@ def markdown_table(doc: dict[str, Any]) -> str:
         rows.append(row)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def markdown_header(doc: dict[str, Any]) -> str:
+    """Two lines over the printed table: what ran (model, device, dtype, sizes) and, on a CPU, the note that
+    the compiled modes ran without CUDA graphs."""
+    env, s = doc["env"], doc["settings"]
+    device = env["gpu"] or f"cpu ({env['cpu']})"
+    lines = [
+        f"{doc['model']} on {device}, {s['dtype']}: batch {s['batch_size']}, {s['input_len']} prompt + "
+        f"{s['output_len']} generated tokens; {s['num_iters']} timed calls after {s['num_iters_warmup']} warm-up"
+    ]
+    if not env["gpu"] and any(r.get("compilation_config", {}).get("level") == 3 for r in doc["results"]):
+        lines.append("note: CUDA graphs need CUDA; on this CPU the piecewise modes ran their pieces without graphs")
+    return "\n".join(lines)
 
 
 def markdown_report(doc: dict[str, Any]) -> str:

@@ -8,6 +8,10 @@ import time
 from typing import Any, Callable
 
 import torch
+from tqdm.auto import tqdm
+
+# calls so far, elapsed and remaining time: a rate means nothing for calls seconds apart
+PROGRESS_FORMAT = "{desc}: {n_fmt}/{total_fmt} calls [{elapsed}<{remaining}]"
 
 
 def sync(device: torch.device) -> None:
@@ -23,11 +27,15 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def time_calls(fn: Callable[[], Any], device: torch.device, calls: int) -> tuple[list[float], Any]:
+def time_calls(
+    fn: Callable[[], Any], device: torch.device, calls: int, label: str | None = None
+) -> tuple[list[float], Any]:
     """Run ``fn`` ``calls`` times, each timed between device synchronisations; returns (seconds per call,
-    the last call's result). Warm-up calls are timed too: callers drop the first times."""
+    the last call's result). Warm-up calls are timed too: callers drop the first times. With ``label``, a
+    progress bar on stderr counts the calls (with elapsed and remaining time, no rate)."""
     times, result = [], None
-    for _ in range(calls):
+    bar = tqdm(range(calls), desc=label, disable=label is None, leave=False, bar_format=PROGRESS_FORMAT)
+    for _ in bar:
         sync(device)
         start = time.perf_counter()
         result = fn()

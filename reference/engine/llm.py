@@ -123,7 +123,8 @@ class LLM:
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
         # closed on an error too, so that an error message does not run on after the bar
-        with tqdm(total=2, desc=f"{model}: load weights", disable=not use_tqdm, unit="stage") as stages:
+        bar_format = "{desc}[{elapsed}]"  # stages take seconds to minutes each: elapsed time, no rate
+        with tqdm(total=2, desc=f"{model}: load weights", disable=not use_tqdm, bar_format=bar_format) as stages:
 
             def report(stage: str) -> None:
                 stages.update()
