@@ -357,3 +357,19 @@ def test_the_printed_table_says_what_ran_and_eager_compiles_nothing(capsys):
     }
     compile_column = rows["mode"].index("compile s")
     assert rows["eager"][compile_column] == "-" and rows["no_inductor"][compile_column] != "-"
+
+
+@pytest.mark.eager
+def test_a_truncated_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    checkpoint = tmp_path / "tiny-llama"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama", checkpoint)
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # an interrupted download
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(checkpoint), *TINY_RUN, "--modes", "eager", "--device", "cpu"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("python -m reference.bench_latency: error: ") and "model.safetensors: truncated" in last

@@ -281,10 +281,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from reference.benchmark.latency import run
     from reference.benchmark.report import markdown_header, markdown_table, write_results
+    from reference.models.loader import CheckpointError
 
     try:
         doc = run(args)
-    except ConfigError as err:  # found when a mode's model is compiled
+    except (ConfigError, CheckpointError) as err:  # found when a model is compiled, or its weights load
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
     print(markdown_header(doc))

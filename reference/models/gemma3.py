@@ -155,16 +155,39 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         ops: custom-op selection.
         attention_cls: the attention layer class (default: the KV-cache :class:`~reference.ops.Attention`).
 
+    Checkpoints: a text-only one (``Gemma3ForCausalLM``'s names) or the language model of a multimodal one
+    (``hf_prefix_map``, ``hf_ignored_prefixes``; see :mod:`reference.models.loader`).
+
     Raises:
         ValueError: a config field this decoder cannot honour; the message names the field and the
             allowed values.
     """
 
     model_cls = Gemma3Model
+    # A multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, e.g. google/gemma-3-4b-it) holds this
+    # decoder as its language model: in its files (the Hub's, and what transformers' save_pretrained writes)
+    # under ``language_model.model.`` (a head, if untied, ``language_model.lm_head.``), in transformers 5.x's
+    # state_dict() under ``model.language_model.``; its vision tower and projector are not ours to run.
+    hf_prefix_map = {
+        "language_model.model.": "model.",
+        "language_model.lm_head.": "lm_head.",
+        "model.language_model.": "model.",
+    }
+    hf_ignored_prefixes = (
+        "vision_tower.",
+        "multi_modal_projector.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+    )
 
     def __init__(self, config: Gemma3TextConfig, ops: CustomOpSelection, attention_cls=Attention):
         check_config(config)
         super().__init__(config, ops, attention_cls)
+
+    @staticmethod
+    def check_config(config: Gemma3TextConfig) -> None:
+        """The module's :func:`check_config`, for ``registry.model_config`` to call when it reads a config."""
+        check_config(config)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)  # [N, V], model dtype

@@ -24,30 +24,41 @@ are one tensor under two names. A checkpoint needs only one of them (Llama 3.2 1
 ``lm_head.weight``); if it has both, their values must be equal: transformers unties a model whose
 checkpoint holds two different tensors for tied names, which our tied model cannot do, so that is an error.
 
-Only safetensors files are read: pickle-based checkpoints (``*.bin``, ``*.pt``) can run code when loaded.
+Checkpoint directories (which files, their headers, their tensors) are read by
+:mod:`reference.models.safetensors_files`; :func:`load_checkpoint` checks every file's header against the
+model before it reads any tensor data, so a wrong shape in the last shard fails at once, naming the file.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
-from safetensors import safe_open
 from torch import nn
-from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
+from reference.models.safetensors_files import (
+    INDEX_FILE,
+    CheckpointError,
+    check_index,
+    checkpoint_files,
+    read_header,
+    read_safetensors,
+)
 
-
-class CheckpointError(ValueError):
-    """A checkpoint does not fit the model (a tensor is missing, unexpected, repeated or of the wrong
-    shape), or a checkpoint directory lacks the files it needs."""
+__all__ = [  # CheckpointError and checkpoint_files are re-exported from safetensors_files
+    "CheckpointError",
+    "LOADABLE_DTYPES",
+    "checkpoint_files",
+    "copy_from_hf",
+    "hf_shapes",
+    "hf_state_dict",
+    "load_checkpoint",
+    "load_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,65 @@ def _model_name(model: nn.Module, checkpoint_name: str) -> str | None:
     return checkpoint_name
 
 
+# Weights are cast to the model's dtype when loaded, from these dtypes only (safetensors' names and torch's):
+# integer and float8 tensors hold quantized values, whose scales this loader does not apply.
+LOADABLE_DTYPES = frozenset({"F16", "BF16", "F32", "F64", torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+class _Matcher:
+    """Checks checkpoint tensors one at a time against a model (known name, given once, transformers' shape,
+    a loadable dtype) and remembers which of the model's tensors they fill. ``where`` (a file, or ``""``)
+    prefixes every error message."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.plan = model, _plan(model)
+        self.targets = model.state_dict(keep_vars=True)
+        self.given: dict[str, str] = {}  # transformers name -> where it came from
+        self.filled_by: dict[tuple[int, int], str] = {}  # (tensor id, first row) -> checkpoint name; tied share
+
+    def key(self, slot: _Slot) -> tuple[int, int]:
+        return id(self.targets[slot.name]), 0 if slot.rows is None else slot.rows.start
+
+    def admit(self, checkpoint_name: str, shape, dtype, where: str = "") -> tuple[_Slot, str] | None:
+        """``(slot, first checkpoint name filling it)`` for one tensor; None if the model ignores the name.
+
+        Raises:
+            CheckpointError: an unexpected name, a name given twice, a dtype not in ``LOADABLE_DTYPES``, or a
+                shape other than transformers' for the model's config.
+        """
+        name = _model_name(self.model, checkpoint_name)
+        if name is None:
+            return None
+        prefix, slot = f"{where}: " if where else "", self.plan.get(name)
+        if slot is None:
+            raise CheckpointError(
+                f"{prefix}unexpected tensor {checkpoint_name!r}: {type(self.model).__name__} for this config has no "
+                f"such parameter (it expects {len(self.plan)} tensors such as {next(iter(self.plan))!r})"
+            )
+        if name in self.given:
+            also = f" (also in {self.given[name]})" if self.given[name] else ""
+            raise CheckpointError(f"{prefix}tensor {checkpoint_name!r} is given twice{also}")
+        if dtype not in LOADABLE_DTYPES:
+            raise CheckpointError(
+                f"{prefix}tensor {checkpoint_name!r}: dtype {dtype} is not one of the floating-point dtypes loaded "
+                "(F16, BF16, F32, F64); quantized checkpoints are not supported"
+            )
+        if tuple(shape) != tuple(slot.shape):
+            raise CheckpointError(
+                f"{prefix}tensor {checkpoint_name!r}: expected shape {tuple(slot.shape)}, got {tuple(shape)}"
+            )
+        self.given[name] = where
+        return slot, self.filled_by.setdefault(self.key(slot), checkpoint_name)
+
+    def check_complete(self, where: str = "") -> None:
+        """Raises CheckpointError naming the model's tensors no admitted name filled (of tied names, one is
+        enough)."""
+        missing = [n for n, slot in self.plan.items() if self.key(slot) not in self.filled_by]
+        if missing:
+            shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise CheckpointError(f"{f'{where}: ' if where else ''}missing {len(missing)} tensor(s): {shown}")
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy transformers-named tensors into ``model``'s existing parameters and buffers.
@@ -134,44 +204,24 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
     Args:
         model: one of our models; has ``config`` (a transformers config) and optionally
             ``stacked_params``, ``hf_prefix_map``, ``hf_ignored_prefixes`` (see the module docstring).
-        named_tensors: ``(transformers name, tensor)`` pairs, any dtype and device; each is cast and moved
-            into place (``Tensor.copy_``), so a stream of tensors read one at a time never needs the
+        named_tensors: ``(transformers name, tensor)`` pairs, any floating dtype and device; each is cast and
+            moved into place (``Tensor.copy_``), so a stream of tensors read one at a time never needs the
             whole checkpoint in memory.
 
     Raises:
         CheckpointError: naming the tensor: an unexpected name, a name given twice, a shape different
-            from transformers' for this config (expected and got shapes), two different values for tied
-            names, or, after the last tensor, the names that were never given (of tied names, one is
-            enough).
+            from transformers' for this config (expected and got shapes), a dtype that is not floating-point
+            (``LOADABLE_DTYPES``), two different values for tied names, or, after the last tensor, the names
+            that were never given (of tied names, one is enough).
         RuntimeError: the model's structure does not match transformers' (see :func:`_plan`).
     """
-    plan = _plan(model)
-    targets = model.state_dict(keep_vars=True)
-    filled_by: dict[tuple[int, int], str] = {}  # (tensor id, first row) -> checkpoint name; tied names share one
-    loaded: set[str] = set()
-
-    def key(slot: _Slot) -> tuple[int, int]:
-        return id(targets[slot.name]), 0 if slot.rows is None else slot.rows.start
-
+    match = _Matcher(model)
     for checkpoint_name, tensor in named_tensors:
-        name = _model_name(model, checkpoint_name)
-        if name is None:
+        admitted = match.admit(checkpoint_name, tensor.shape, tensor.dtype)
+        if admitted is None:
             continue
-        slot = plan.get(name)
-        if slot is None:
-            raise CheckpointError(
-                f"unexpected tensor {checkpoint_name!r}: {type(model).__name__} for this config has no such "
-                f"parameter (it expects {len(plan)} tensors such as {next(iter(plan))!r})"
-            )
-        if name in loaded:
-            raise CheckpointError(f"tensor {checkpoint_name!r} is given twice")
-        if tensor.shape != slot.shape:
-            raise CheckpointError(
-                f"tensor {checkpoint_name!r}: expected shape {tuple(slot.shape)}, got {tuple(tensor.shape)}"
-            )
-        loaded.add(name)
-        target = targets[slot.name] if slot.rows is None else targets[slot.name][slot.rows]
-        first = filled_by.setdefault(key(slot), checkpoint_name)
+        slot, first = admitted
+        target = match.targets[slot.name] if slot.rows is None else match.targets[slot.name][slot.rows]
         if first == checkpoint_name:
             target.copy_(tensor)
         elif not torch.equal(target, tensor.to(target.device, target.dtype)):
@@ -180,10 +230,7 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
                 "(config.tie_word_embeddings); if the checkpoint's weights are really separate, set "
                 "tie_word_embeddings to false in its config.json"
             )
-    missing = [n for n, slot in plan.items() if key(slot) not in filled_by]
-    if missing:
-        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-        raise CheckpointError(f"missing {len(missing)} tensor(s): {shown}")
+    match.check_complete()
 
 
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -205,59 +252,36 @@ def copy_from_hf(model: nn.Module, hf_model: nn.Module) -> None:
     load_weights(model, hf_model.state_dict().items())
 
 
-def checkpoint_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a transformers-format checkpoint directory, in load order.
-
-    ``model.safetensors.index.json`` (sharded: the files its ``weight_map`` names) wins over
-    ``model.safetensors``; without either, every ``*.safetensors`` file, sorted by name.
-
-    Raises:
-        CheckpointError: not a directory, an index naming files that do not exist, or no safetensors
-            file (the message says so if only pickle-based ``*.bin``/``*.pt`` files are there).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint: {directory} is not a directory")
-    index = directory / INDEX_FILE
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' ({err!r})") from None
-        files = [directory / f for f in dict.fromkeys(weight_map.values())]
-        absent = [f.name for f in files if not f.exists()]
-        if absent:
-            raise CheckpointError(f"{index} names shard(s) that do not exist: {absent}")
-        return files
-    if (directory / SINGLE_FILE).exists():
-        return [directory / SINGLE_FILE]
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        hint = (
-            f"; found only pickle-based files {pickles}, which are never loaded (they can run code): "
-            "convert them to safetensors"
-            if pickles
-            else ""
-        )
-        raise CheckpointError(f"checkpoint: no *.safetensors file in {directory}{hint}")
-    return files
-
-
-def read_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` from each file in turn (CPU tensors, one at a time); a progress bar
-    is shown when there are several files."""
-    for path in tqdm(files, desc="loading checkpoint shards", unit="shard", disable=len(files) < 2):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-
-
 def load_checkpoint(model: nn.Module, directory: str | Path) -> None:
     """Load a transformers-format checkpoint directory (``*.safetensors``, single or sharded) into
     ``model``. The model must already be built for the directory's ``config.json``.
 
+    First every file's header is read and checked against the model (names, dtypes, shapes, nothing
+    missing, the index's ``weight_map`` true to the shards); only then are the tensors read and copied.
+
     Raises:
-        CheckpointError: see :func:`checkpoint_files` and :func:`load_weights`.
+        CheckpointError: one line naming the file (the index or the directory for a missing tensor) and
+            the tensor; see :func:`~reference.models.safetensors_files.checkpoint_files`,
+            :func:`~reference.models.safetensors_files.read_header` and :func:`load_weights`.
     """
-    load_weights(model, read_safetensors(checkpoint_files(directory)))
+    directory = Path(directory)
+    files = checkpoint_files(directory)
+    headers = {path: read_header(path) for path in files}
+    check_index(directory, headers)
+    match = _Matcher(model)
+    for path, header in headers.items():
+        for name, info in header.items():
+            match.admit(name, info.shape, info.dtype, where=str(path))
+    index = directory / INDEX_FILE
+    match.check_complete(where=str(index if index.exists() else files[0] if len(files) == 1 else directory))
+    current = [directory]  # the file being read, for the one error left (tied tensors that differ)
+
+    def tensors():
+        for path, name, tensor in read_safetensors(files):
+            current[0] = path
+            yield name, tensor
+
+    try:
+        load_weights(model, tensors())
+    except CheckpointError as err:
+        raise CheckpointError(f"{current[0]}: {err}") from None

@@ -2,15 +2,24 @@
 
 The model class is chosen by the config's ``model_type`` through ``MODEL_CLASSES``; presets are in
 :mod:`reference.models.presets`. Adding an architecture is one entry in each table at most.
+
+A checkpoint directory's ``config.json`` is checked before transformers reads it (JSON, the fields of
+``REQUIRED_FIELDS``, a supported ``model_type``), and the config transformers makes of it is checked by the
+model class (``check_config``), so a config problem is one line naming the file and the field when the
+config is read, not a shape error when the weights load. A multimodal config (``MULTIMODAL``: Gemma 3's
+``gemma3``) gives its language model's config: we run the text decoder and ignore the vision tower.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 from pathlib import Path
 from typing import Iterator
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
@@ -35,29 +44,123 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 # model types whose weights are not drawn at random for presets (their constructor sets them)
 CLOSED_FORM_MODEL_TYPES = frozenset({"toy"})
 
+# Fields a checkpoint's config.json must set itself: transformers' defaults for them are some other model's
+# sizes, so a file that left one out would build a model of the wrong shape and fail later, on a tensor.
+REQUIRED_FIELDS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "intermediate_size",
+)
+# multimodal model_type -> (its text_config's model_type, the fields its text_config must set). Gemma 3's
+# published text_configs (google/gemma-3-4b-it's) set neither vocab_size nor num_attention_heads: they rely
+# on Gemma3TextConfig's defaults (262208, the vocabulary of every Gemma 3, and the 4B's 8 heads).
+MULTIMODAL = {"gemma3": ("gemma3_text", ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size"))}
+
 
 def model_config(model: str | Path) -> PretrainedConfig:
     """The transformers config of a preset name or a local checkpoint directory.
 
-    A directory is read with ``AutoConfig.from_pretrained(directory, local_files_only=True)`` (offline).
+    A directory's ``config.json`` is checked (:func:`check_config_json`), then read with
+    ``AutoConfig.from_pretrained(directory, local_files_only=True)`` (offline), then checked by the model
+    class (its ``check_config``, if it has one). For a multimodal config (``MULTIMODAL``) the result is its
+    language model's config (:func:`language_model_config`).
 
     Raises:
-        ValueError: ``model`` is neither a preset nor a directory with ``config.json`` (the message lists
-            the presets), or transformers cannot read the ``config.json``.
+        ValueError: one line: ``model`` is neither a preset nor a directory with ``config.json`` (the
+            message lists the presets), or, naming the file and the field, the ``config.json`` is not a JSON
+            object, leaves out a required field, gives one a wrong value, has an unsupported ``model_type``,
+            or is refused by transformers or by the model class.
     """
     if str(model) in PRESETS:
         return PRESETS[str(model)]()
     path = Path(model)
-    if not (path / "config.json").is_file():
+    file = path / "config.json"
+    if not file.is_file():
         what = "a directory without config.json" if path.is_dir() else "neither a preset nor a directory"
         raise ValueError(
             f"model: {echo(str(model))} is {what}; expected a preset ({', '.join(PRESETS)}) or a "
             "transformers checkpoint directory containing config.json and *.safetensors"
         )
+    fields = check_config_json(file)
     try:
-        return AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError, OSError) as err:
-        raise ValueError(f"model: transformers could not read {path / 'config.json'}: {err}") from None
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, KeyError, OSError, TypeError, StrictDataclassError) as err:
+        raise ValueError(f"model: transformers could not read {file}: {' '.join(str(err).split())}") from None
+    prefix = ""
+    if config.model_type in MULTIMODAL:
+        config, prefix = language_model_config(config, fields), "text_config."
+    check = getattr(model_class(config), "check_config", None)
+    try:
+        if check is not None:
+            check(config)
+    except ValueError as err:
+        raise ValueError(f"model: {file}: {prefix}{err}") from None
+    return config
+
+
+def check_config_json(file: Path) -> dict:
+    """The fields of a checkpoint's ``config.json``, checked: a JSON object with a supported ``model_type``
+    that sets ``REQUIRED_FIELDS`` (a multimodal config: its ``text_config`` sets ``MULTIMODAL``'s fields),
+    the sizes positive integers.
+
+    Raises:
+        ValueError: one line naming ``file`` and the field(s).
+    """
+    try:
+        fields = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"model: {file} cannot be read ({err})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"model: {file} is not valid JSON ({err})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"model: {file} must hold a JSON object (a transformers config), not {type(fields).__name__}")
+    model_type = fields.get("model_type")
+    supported = sorted(set(MODEL_CLASSES) - CLOSED_FORM_MODEL_TYPES | set(MULTIMODAL))
+    if model_type is not None and model_type not in supported:
+        raise ValueError(f"model: {file}: model_type {echo(model_type)} is not supported; supported: {supported}")
+    if model_type not in MULTIMODAL:
+        _check_fields(file, fields, REQUIRED_FIELDS, "")
+        return fields
+    text_type, required = MULTIMODAL[model_type]
+    text = fields.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"model: {file}: text_config: expected a JSON object (the language model), got {echo(text)}")
+    _check_fields(file, text, required, "text_config.")
+    if text["model_type"] != text_type:
+        raise ValueError(
+            f"model: {file}: text_config.model_type: expected {text_type!r}, got {echo(text['model_type'])}"
+        )
+    return fields
+
+
+def _check_fields(file: Path, fields: dict, required: tuple[str, ...], prefix: str) -> None:
+    missing = [prefix + name for name in required if name not in fields]
+    if missing:
+        raise ValueError(
+            f"model: {file} does not set {', '.join(missing)} (transformers would use its default, another "
+            "model's size)"
+        )
+    for name in required:
+        value = fields[name]
+        if name != "model_type" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"model: {file}: {prefix}{name}: expected a positive integer, got {echo(value)}")
+
+
+def language_model_config(config: PretrainedConfig, fields: dict) -> PretrainedConfig:
+    """A multimodal config's ``text_config`` (a copy), with what transformers' multimodal model takes from
+    the top level: ``tie_word_embeddings`` (it ties the language model's head by the top-level config),
+    ``eos_token_id`` where the file sets it there (Gemma 3's: ``[1, 106]``, ``<eos>`` and ``<end_of_turn>``),
+    and ``dtype`` where the text config has none. ``fields``: the raw ``config.json``."""
+    text = copy.deepcopy(config.get_text_config())
+    text.tie_word_embeddings = config.tie_word_embeddings
+    if "eos_token_id" in fields:
+        text.eos_token_id = copy.deepcopy(config.eos_token_id)
+    if getattr(text, "dtype", None) is None:
+        text.dtype = config.dtype
+    return text
 
 
 def model_class(config: PretrainedConfig) -> type[nn.Module]:
