@@ -190,7 +190,7 @@ BAD_FLAGS = [
         id="num-iters-warmup-baseline-not-int",
     ),
     pytest.param(
-        ["--model", "no-such-model"], "argument --model: model: 'no-such-model' is neither a preset", id="unknown-model"
+        ["--model", "no-such-model"], "argument --model: 'no-such-model' is neither a preset", id="unknown-model"
     ),
     pytest.param(["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'", id="unknown-dtype"),
     pytest.param(
@@ -373,3 +373,13 @@ def test_a_truncated_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("python -m reference.bench_latency: error: ") and "model.safetensors: truncated" in last
+
+
+def test_a_dotted_number_is_that_number_and_every_usage_error_is_one_line(capsys):
+    args = parse_args(["--model", "toy-llama", "--modes", "inductor", "-O.max_cudagraph_capture_size=2"])
+    assert args.compilation_config == {"max_cudagraph_capture_size": 2}  # not {'level': 2}
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "toy-llama", "--modes", "inductor", "-O.level=0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sets level, which --modes decides" in err[0], err

@@ -20,19 +20,22 @@ errors answer at once; torch, transformers and the models load after.
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
-from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config, parse_config_text
+from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 
 # The config fields that tell the modes apart: --compilation-config may not change them, or a row
 # labelled with one mode would run another.
 MODE_DEFINING_FIELDS = ("level", "use_inductor", "cudagraph_mode")
 DEFAULT_RESULTS_DIR = "perf/results"
 # what the usage line calls the program: the console script's name, or how README runs the module
-PROG = "reference-bench-latency" if Path(sys.argv[0]).name == "reference-bench-latency" else "python -m reference.bench_latency"
+CONSOLE_SCRIPT = "reference-bench-latency"
+PROG = CONSOLE_SCRIPT if Path(sys.argv[0]).name == CONSOLE_SCRIPT else "python -m reference.bench_latency"
 
 
 # ---------------------------------------------------------------------- command line
@@ -96,7 +99,7 @@ def _model(text: str) -> str:
 
         registry.model_config(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(str(err).removeprefix("model: ")) from None
     return text
 
 
@@ -111,7 +114,7 @@ def _device(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=PROG,
         description="Latency of whole generate calls per compilation mode, over one set of weights, with the "
         "memory-bandwidth floor and optional transformers baselines.",
@@ -222,6 +225,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _field_value(text: str) -> Any:
+    """The value of ``-O.FIELD=VALUE``: JSON (``true``, ``[1, 2]``), else a Python literal, else the string
+    itself. A bare number is that number (not a level, as a whole config's bare digit is)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        return text
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (``PROG: error: ...``) without the usage block above it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def expand_vllm_spellings(argv: list[str]) -> list[str]:
     """``argv`` with vLLM's shorthands spelled out: ``-O3`` -> ``--compilation-config 3``, and every
     ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` merged into one ``--compilation-config`` (over a whole one
@@ -237,10 +260,7 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
             key, sep, text = arg.split(".", 1)[1].partition("=")
             if not sep or not key:
                 raise ConfigError(f"{arg.split('.')[0]}.FIELD=VALUE: expected e.g. -O.level=3, got {echo(arg)}")
-            try:
-                dotted[key] = parse_config_text(text)
-            except ConfigError:
-                dotted[key] = text  # a bare word: a string value
+            dotted[key] = _field_value(text)
         elif arg.startswith("-O") and arg not in ("-O",) and arg[2:].lstrip("-").isdigit():
             whole = arg[2:]
         elif arg in ("-O", "-cc", "--compilation-config"):
@@ -274,8 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     The JSON document: ``{"model", "settings", "weight_bytes_per_decode_step", "bandwidth_Bps",
     "bandwidth_method", "results": [{"mode", "kind" ('engine' | 'baseline'), "latency_s": {"avg", "p50",
     "p90"}, "iters", "startup": {...}, "tokens_per_s", "floor_s", "x_floor", "speedup_vs" (engine),
-    "same_tokens_as_first", ...}], "env": {"gpu", "cpu", "torch", "transformers", "custom_op_kernels" ('triton' | 'torch'), "date",
-    "command"}}``.
+    "same_tokens_as_first", ...}], "env": {"gpu", "cpu", "torch", "transformers", "custom_op_kernels"
+    ('triton' | 'torch'), "date", "command"}}``.
     Times are seconds; ``x_floor`` and ``speedup_vs`` use p50.
     """
     args = parse_args(argv)

@@ -30,8 +30,12 @@ def markdown_table(doc: dict[str, Any]) -> str:
         row += [_fmt(r["floor_s"]), _fmt(r["x_floor"], ".2f")]
         if r["kind"] == "engine":
             compiles = r["compilation_config"]["level"] > 0  # eager compiles nothing: its first call is no compile
-            row += [_fmt(st["compile_s"] if compiles else None, ".2f"), _fmt(st["capture_s"], ".2f")]
-            row += [_fmt(st["graph_gib"], ".3f")]
+            captures = bool(st["capture_sizes"])
+            row += [
+                _fmt(st["compile_s"] if compiles else None, ".2f"),
+                _fmt(st["capture_s"] if captures else None, ".2f"),
+            ]
+            row += [_fmt(st["graph_gib"] if captures else None, ".3f")]
             row += [f"{r['speedup_vs'][b]:.2f}x" for b in baselines]
         else:
             row += [f"{st['first_call_s']:.2f} (first call)", "-", "-"] + ["-"] * len(baselines)
@@ -48,10 +52,12 @@ def markdown_header(doc: dict[str, Any]) -> str:
     device = env["gpu"] or f"cpu ({env['cpu']})"
     lines = [
         f"{doc['model']} on {device}, {s['dtype']}: batch {s['batch_size']}, {s['input_len']} prompt + "
-        f"{s['output_len']} generated tokens; {s['num_iters']} timed calls after {s['num_iters_warmup']} warm-up"
+        f"{s['output_len']} generated tokens; {s['num_iters']} timed call(s) after {s['num_iters_warmup']} warm-up"
     ]
     if not env["gpu"] and any(r.get("compilation_config", {}).get("level") == 3 for r in doc["results"]):
         lines.append("note: CUDA graphs need CUDA; on this CPU the piecewise modes ran their pieces without graphs")
+    if not doc["bandwidth_Bps"]:
+        lines.append("note: no floor on a CPU (the floor divides weight bytes by a GPU's measured bandwidth)")
     return "\n".join(lines)
 
 

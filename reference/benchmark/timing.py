@@ -32,9 +32,12 @@ def time_calls(
 ) -> tuple[list[float], Any]:
     """Run ``fn`` ``calls`` times, each timed between device synchronisations; returns (seconds per call,
     the last call's result). Warm-up calls are timed too: callers drop the first times. With ``label``, a
-    progress bar on stderr counts the calls (with elapsed and remaining time, no rate)."""
+    progress bar on stderr (a terminal) counts the calls (with elapsed and remaining time, no rate)."""
     times, result = [], None
-    bar = tqdm(range(calls), desc=label, disable=label is None, leave=False, bar_format=PROGRESS_FORMAT)
+    # on a terminal only (disable=None): carriage-return updates would garble a log
+    bar = tqdm(
+        range(calls), desc=label, disable=True if label is None else None, leave=False, bar_format=PROGRESS_FORMAT
+    )
     for _ in bar:
         sync(device)
         start = time.perf_counter()

@@ -123,12 +123,13 @@ class LLM:
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
         # closed on an error too, so that an error message does not run on after the bar
-        bar_format = "{desc}[{elapsed}]"  # stages take seconds to minutes each: elapsed time, no rate
-        with tqdm(total=2, desc=f"{model}: load weights", disable=not use_tqdm, bar_format=bar_format) as stages:
+        bar_format = "{desc} [{elapsed}]"  # stages take seconds to minutes each: elapsed time, no rate
+        quiet = True if not use_tqdm else None  # None: shown on a terminal only, not in logs
+        with tqdm(total=2, desc=f"{model}: load weights", disable=quiet, bar_format=bar_format) as stages:
 
             def report(stage: str) -> None:
                 stages.update()
-                stages.set_description(f"{model}: {stage}")
+                stages.set_description_str(f"{model}: {stage}")
 
             start = time.perf_counter()
             self.model = registry.build_model(
@@ -189,7 +190,7 @@ class LLM:
                 token outside the vocabulary; the number of sampling params differs from the prompts'.
         """
         requests = self.requests.make(prompts, sampling_params)
-        bar = tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm)
+        bar = tqdm(total=len(requests), desc="Processed prompts", disable=True if not use_tqdm else None)
         with torch.inference_mode():
             for start in range(0, len(requests), self.max_num_seqs):
                 wave = requests[start : start + self.max_num_seqs]

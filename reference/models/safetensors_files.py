@@ -197,7 +197,7 @@ def read_safetensors(files: list[Path]) -> Iterator[tuple[Path, str, torch.Tenso
     Raises:
         CheckpointError: naming the file, if the safetensors library cannot read it.
     """
-    for path in tqdm(files, desc="loading checkpoint shards", unit="shard", disable=len(files) < 2):
+    for path in tqdm(files, desc="loading checkpoint shards", unit="shard", disable=True if len(files) < 2 else None):
         try:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
