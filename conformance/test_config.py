@@ -255,8 +255,12 @@ def test_cudagraph_mode_defaults_to_piecewise_only_at_level_3():
 
 def test_describe_round_trips_through_json():
     config = CompilationConfig.parse(
-        {"use_inductor": True, "custom_ops": ["+rms_norm"], "max_cudagraph_capture_size": 40,
-         "inductor_compile_config": {"max_autotune": False}}
+        {
+            "use_inductor": True,
+            "custom_ops": ["+rms_norm"],
+            "max_cudagraph_capture_size": 40,
+            "inductor_compile_config": {"max_autotune": False},
+        }
     )
     assert CompilationConfig.parse(json.dumps(config.describe())) == config
 
@@ -333,3 +337,48 @@ def test_error_messages_cut_long_input():
     with pytest.raises(ConfigError) as err:
         CompilationConfig.parse("x" * 100_000)
     assert len(str(err.value)) < 400
+
+
+# ---------------------------------------------------------------------- vLLM's current spellings
+@pytest.mark.parametrize(
+    "vllm, seed",
+    [
+        ({"mode": 3}, {"level": 3}),
+        ({"mode": "VLLM_COMPILE"}, {"level": 3}),
+        ({"mode": "DYNAMO_TRACE_ONCE"}, {"level": 2}),
+        ({"mode": "NONE"}, {"level": 0}),
+        ({"backend": "eager"}, {"use_inductor": False}),
+        ({"backend": "inductor", "mode": 3, "level": 3}, {"use_inductor": True, "level": 3}),  # agreeing: fine
+        ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "piecewise"}),
+        ({"mode": 3, "cudagraph_mode": "NONE"}, {"level": 3, "cudagraph_mode": "none"}),
+    ],
+    ids=[
+        "mode-3",
+        "mode-name",
+        "mode-trace-once",
+        "mode-none",
+        "backend-eager",
+        "both-spellings-agree",
+        "capital-piecewise",
+        "capital-none",
+    ],
+)
+def test_vllms_current_names_mean_the_seeds(vllm, seed):
+    assert CompilationConfig.parse(vllm) == CompilationConfig.parse(seed)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"mode": 3, "level": 2}, r"mode=3 and level=2 disagree; they are two spellings of one setting"),
+        ({"backend": "eager", "use_inductor": True}, r"backend='eager' and use_inductor=True disagree"),
+        ({"mode": 4}, r"mode: expected 0-3 or one of \['NONE', 'STOCK_TORCH_COMPILE'"),
+        ({"mode": True}, r"mode: expected 0-3"),
+        ({"backend": "aot_eager"}, r"backend: expected one of \['inductor', 'eager'\], got 'aot_eager'"),
+        ({"cudagraph_mode": "FULL_AND_PIECEWISE"}, r"cudagraph_mode: 'FULL_AND_PIECEWISE' \(full CUDA graphs\) is not"),
+    ],
+    ids=["mode-vs-level", "backend-vs-use_inductor", "mode-out-of-range", "mode-bool", "unknown-backend", "full"],
+)
+def test_two_spellings_that_disagree_or_a_bad_new_spelling_is_an_error(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse(fields)

@@ -31,6 +31,7 @@ from reference.config.parsing import (
     echo,
     string_tuple,
 )
+from reference.config.vllm_names import translate
 
 LEVELS = {
     0: "no compilation: the model runs as plain PyTorch",
@@ -222,7 +223,8 @@ class CompilationConfig:
 
         ``"3"`` and ``3`` mean ``{'level': 3}``; ``'{"use_inductor": false}'`` is JSON;
         ``"{'use_inductor': False, 'custom_ops': ['all']}"`` is read with ``ast.literal_eval`` (never
-        ``eval``). ``None`` gives the defaults. A config is returned as it is.
+        ``eval``). ``None`` gives the defaults. A config is returned as it is. vLLM's current spellings
+        (``mode``, ``backend``, ``'PIECEWISE'``) are read as the seed's (:mod:`reference.config.vllm_names`).
 
         Raises:
             ConfigError: the string is neither JSON nor a Python literal, the value is not a dict, or a
@@ -230,7 +232,7 @@ class CompilationConfig:
         """
         if isinstance(value, cls):
             return value
-        fields = config_fields(value)
+        fields = translate(config_fields(value))  # vLLM's mode / backend / capital cudagraph_mode too
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(fields) - known, key=repr)  # keys of a literal dict may be of mixed types
         if unknown:
