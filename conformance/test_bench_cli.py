@@ -383,3 +383,6 @@ def test_a_dotted_number_is_that_number_and_every_usage_error_is_one_line(capsys
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sets level, which --modes decides" in err[0], err
+    with pytest.raises(SystemExit):  # vLLM's name for the field is the same field
+        main(["--model", "toy-llama", "--modes", "inductor", "-O.mode=NONE"])
+    assert "sets level, which --modes decides" in capsys.readouterr().err

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
+from reference.config.vllm_names import translate
 
 # The config fields that tell the modes apart: --compilation-config may not change them, or a row
 # labelled with one mode would run another.
@@ -81,7 +82,7 @@ def _mode_names(text: str) -> list[str]:
 
 def _config_fields(text: str) -> dict[str, Any]:
     try:
-        fields = config_fields(text)
+        fields = translate(config_fields(text))  # vLLM's mode / backend as level / use_inductor: --modes owns them
         config = CompilationConfig.parse(fields)  # keys and values
         from reference.compilation.backend import check_splitting_ops_exist  # torch: after --help
         from reference.ops import CustomOpSelection
