@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch.fx.passes.split_module import split_module
 
+from reference.ops.library import SPLITTING_TAG
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -49,7 +51,7 @@ def is_splitting_op(target, splitting_ops: tuple[str, ...] | None) -> bool:
         return op_name(target) in splitting_ops
     if isinstance(target, torch._ops.OpOverloadPacket):
         target = target.default
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.cudagraph_unsafe in target.tags
+    return isinstance(target, torch._ops.OpOverload) and SPLITTING_TAG in target.tags
 
 
 def split_graph(

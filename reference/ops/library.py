@@ -54,8 +54,8 @@ def define_op(
         mutates_args: names of the arguments ``impl`` writes into.
         fake: shape-only implementation for tracing; default ``impl`` itself, which is right for an op
             that returns new tensors computed by torch code (fake tensors carry the shapes through).
-        cuda: implementation on CUDA devices, used only when Triton is installed and the first tensor
-            argument's dtype is one of ``TRITON_DTYPES`` (``impl`` runs otherwise).
+        cuda: implementation on CUDA devices, used only when Triton is installed and the first
+            floating-point argument's dtype is one of ``TRITON_DTYPES`` (``impl`` runs otherwise).
         splitting: tag the op ``torch.Tag.cudagraph_unsafe``: a default splitting op.
     """
     op = torch.library.custom_op(
@@ -65,7 +65,8 @@ def define_op(
     if cuda is not None and HAS_TRITON:
 
         def on_cuda(*args):
-            dtype = next(a for a in args if isinstance(a, torch.Tensor)).dtype
+            # the activations' dtype: rotary's first argument is the int64 positions
+            dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
             return cuda(*args) if dtype in TRITON_DTYPES else impl(*args)
 
         op.register_kernel("cuda")(on_cuda)
