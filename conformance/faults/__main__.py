@@ -5,13 +5,15 @@ deselected; ``cuda``: all of them, gpu tests included) this runs ``pytest confor
 TESTS -x`` in a fresh process (conformance/faults/run.py) and prints one line, ``FAULT_ID KIND caught
 TEST_ID`` or ``FAULT_ID KIND survived``, then ``N caught, M survived``. Exit status 1 if any fault survived.
 A fault whose tests select nothing, or whose run errors before any test fails, survives (the reason goes to
-stderr).
+stderr). ``--jobs`` faults run at once, on either device; a fault marked ``alone`` (its test measures the
+device's free memory) runs after them, by itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import sys
 
 from conformance.faults.catalogue import FAULTS
@@ -21,7 +23,7 @@ from conformance.faults.run import run_fault
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.faults", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=2, help="faults run at once on cpu (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=2, help="faults run at once (default: %(default)s)")
     parser.add_argument("--only", default="", help="comma-separated fault ids (default: every fault for the device)")
     args = parser.parse_args(argv)
     only = {f for f in args.only.split(",") if f}
@@ -29,18 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only: unknown fault(s) {sorted(unknown)}")
     faults = [f for f in FAULTS if (args.device == "cuda" or f.device == "cpu") and (not only or f.id in only)]
-    jobs = 1 if args.device == "cuda" else max(1, args.jobs)
-    caught = survived = 0
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        for fault, (test, note) in zip(faults, pool.map(lambda f: run_fault(f, args.device, jobs), faults)):
-            if test:
-                caught += 1
-                print(f"{fault.id} {fault.kind} caught {test}", flush=True)
-            else:
+    if args.jobs < 1:
+        parser.error(f"--jobs: must be at least 1, got {args.jobs}")
+    shared = [f for f in faults if not f.alone]
+    alone = [f for f in faults if f.alone]
+    survived = 0
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = zip(shared, pool.map(lambda f: run_fault(f, args.device, args.jobs), shared))
+        for fault, (test, note) in itertools.chain(results, ((f, run_fault(f, args.device)) for f in alone)):
+            print(f"{fault.id} {fault.kind} " + (f"caught {test}" if test else "survived"), flush=True)
+            if not test:
                 survived += 1
-                print(f"{fault.id} {fault.kind} survived", flush=True)
                 print(note, file=sys.stderr)
-    print(f"{caught} caught, {survived} survived")
+    print(f"{len(faults) - survived} caught, {survived} survived")
     return 1 if survived else 0
 
 

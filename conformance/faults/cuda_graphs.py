@@ -86,6 +86,7 @@ FAULTS = [
         tests="test_all_capture_sizes_share_the_memory_of_the_largest",
         device="cuda",
         bug="https://github.com/vllm-project/vllm/pull/9724",
+        alone=True,
     ),
     Fault(
         id="num-of-warmups-not-passed-on",

@@ -41,6 +41,8 @@ class Fault:
         device: ``cpu`` (visible on CPU, run in CI) or ``cuda`` (needs a GPU to show: only gpu-marked
             tests can catch it).
         bug: URL or name of the public report it imitates, if any.
+        alone: its tests measure the whole device (free memory from ``torch.cuda.mem_get_info``), so it runs
+            after the others, with no other fault's process on the GPU.
     """
 
     id: str
@@ -50,6 +52,7 @@ class Fault:
     tests: str
     device: str = "cpu"
     bug: str | None = None
+    alone: bool = False
 
 
 class FaultImplementation(ReferenceImplementation):
