@@ -106,4 +106,13 @@ FAULTS = [
         tests="test_each_call_sees_the_inputs_queued_before_it_on_the_current_stream",
         device="cuda",
     ),
+    Fault(
+        id="attention-captured-with-one-steps-metadata",
+        kind="capture",
+        description="with splitting_ops=[] the KV-cache attention op is captured inside a piece instead of the "
+        "config being refused, so every replay reads the lengths and cache slots of the step it was captured with",
+        plant=patches(mock.patch.object(backend, "_check_no_unsafe_op_captured", lambda piece: None)),
+        tests="test_attention_left_inside_a_captured_piece_is_refused_or_runs_like_eager and cuda",
+        device="cuda",
+    ),
 ]
