@@ -1,9 +1,17 @@
 """The per-rule summary of a conformance run (rule = test function), printed and, with
-``--conformance-report PATH``, written as JSON with every test's outcome."""
+``--conformance-report PATH``, written as JSON with every test's outcome.
+
+``python -m conformance.report REPORT.json ...`` puts saved reports side by side as one markdown table
+(a column per report: implementation and device; a cell per rule: passed / failed / skipped / xfailed).
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import shlex
+import sys
 from collections import Counter, defaultdict
 
 import pytest
@@ -51,9 +59,61 @@ class ConformanceReport:
                 "capabilities": sorted(impl.capabilities),
                 "torch": torch.__version__,
                 "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "command": shlex.join(["pytest", *self.config.invocation_params.args]),
                 "rules": {rule: dict(rules[rule]) for rule in sorted(rules)},
                 "tests": dict(sorted(self.outcomes.items())),
             }
             with open(path, "w") as f:
                 json.dump(doc, f, indent=2)
             terminalreporter.write_line(f"conformance report: {path}")
+
+
+OUTCOMES = ("passed", "failed", "skipped", "xfailed")
+
+
+def side_by_side(reports: list[dict]) -> str:
+    """Markdown table of saved reports: one row per rule of any of them, one column per report.
+
+    A cell is ``passed/failed/skipped/xfailed`` for that rule in that report (``-`` where the report has no
+    such rule); the last row sums each column.
+    """
+    columns = [f"{r['implementation']} ({r.get('cuda_device') or 'cpu'}, torch {r['torch']})" for r in reports]
+    rules = sorted({rule for r in reports for rule in r["rules"]})
+    totals = [Counter() for _ in reports]
+    lines = ["| rule | " + " | ".join(columns) + " |", "|---" * (len(reports) + 1) + "|"]
+    for rule in rules:
+        cells = []
+        for report, total in zip(reports, totals):
+            counts = report["rules"].get(rule)
+            if counts is None:
+                cells.append("-")
+                continue
+            total.update(counts)
+            cells.append("/".join(str(counts.get(k, 0)) for k in OUTCOMES))
+        lines.append(f"| `{rule}` | " + " | ".join(cells) + " |")
+    lines.append("| **all** | " + " | ".join("/".join(str(t[k]) for k in OUTCOMES) for t in totals) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.splitlines()[-2])
+    parser.add_argument("reports", nargs="+", help="JSON files written by pytest conformance --conformance-report")
+    args = parser.parse_args(argv)
+    docs = []
+    for path in args.reports:
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as err:
+            parser.error(f"{path}: not a readable JSON report ({err})")
+        if not isinstance(doc, dict) or not isinstance(doc.get("rules"), dict):
+            parser.error(f"{path}: not a conformance report (no 'rules' object)")
+        docs.append(doc)
+    print("outcomes per rule: passed/failed/skipped/xfailed; " + ", ".join(args.reports))
+    print(side_by_side(docs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The per-rule report: what ``--conformance-report`` writes, and ``python -m conformance.report`` side by side."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.report import side_by_side
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE = "test_config.py::test_none_gives_the_defaults"
+
+
+def test_a_saved_report_has_each_rules_outcomes_and_what_made_it(tmp_path):
+    path = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pytest", f"conformance/{RULE}", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    doc = json.loads(path.read_text())
+    assert doc["implementation"] == "reference"
+    assert doc["rules"] == {RULE: {"passed": 1}}
+    assert doc["tests"] == {f"conformance/{RULE}": "passed"}
+    assert doc["date"].startswith("20") and RULE in doc["command"]
+
+
+def test_reports_side_by_side_have_a_cell_per_rule_and_report_and_column_totals():
+    ours = {"implementation": "a", "torch": "2.11", "cuda_device": "H200", "rules": {"x.py::r1": {"passed": 2}}}
+    theirs = {
+        "implementation": "b",
+        "torch": "2.13",
+        "cuda_device": None,
+        "rules": {"x.py::r1": {"failed": 1, "skipped": 1}, "x.py::r2": {"xfailed": 1}},
+    }
+    lines = side_by_side([ours, theirs]).splitlines()
+    assert lines[0] == "| rule | a (H200, torch 2.11) | b (cpu, torch 2.13) |"
+    assert lines[2:] == [
+        "| `x.py::r1` | 2/0/0/0 | 0/1/1/0 |",
+        "| `x.py::r2` | - | 0/0/0/1 |",
+        "| **all** | 2/0/0/0 | 0/1/1/1 |",
+    ]
+
+
+def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.report", str(bad)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"{bad}: not a conformance report (no 'rules' object)")
