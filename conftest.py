@@ -31,6 +31,9 @@ def pytest_configure(config):
         config.stash[IMPLEMENTATION] = load_implementation(config.getoption("impl"))
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
+    report = config.getoption("conformance_report")
+    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+        raise pytest.UsageError(f"--conformance-report {report}: its folder does not exist")
     config.pluginmanager.register(ConformanceReport(config), "conformance-report")
     # Under pytest-xdist every worker would start as many intra-op threads as the machine has cores; on
     # CI's two cores two workers would then run four busy threads. Give each worker its share instead.

@@ -19,6 +19,8 @@ import torch
 
 # The implementation under test, loaded from --impl by the root conftest.py.
 IMPLEMENTATION = pytest.StashKey[object]()
+# A test's outcome: a failed set-up or teardown counts as failed, a non-strict xpass as passed.
+OUTCOMES = ("passed", "failed", "skipped", "xfailed")
 
 
 def rule_of(nodeid: str) -> str:
@@ -41,26 +43,28 @@ class ConformanceReport:
             self.outcomes[report.nodeid] = "failed"
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.outcomes or hasattr(self.config, "workerinput"):
-            return
+        if hasattr(self.config, "workerinput"):
+            return  # the xdist controller reports
         impl = self.config.stash[IMPLEMENTATION]
         rules: dict[str, Counter] = defaultdict(Counter)
         for nodeid, outcome in self.outcomes.items():
             rules[rule_of(nodeid)][outcome] += 1
-        terminalreporter.section(f"conformance: {impl.name}, per rule (passed / failed / skipped / xfailed)")
+        if rules:
+            terminalreporter.section(f"conformance: {impl.name}, per rule (passed / failed / skipped / xfailed)")
         for rule in sorted(rules):
             c = rules[rule]
-            counts = " ".join(f"{c[k]:4d}" for k in ("passed", "failed", "skipped", "xfailed"))
+            counts = " ".join(f"{c[k]:4d}" for k in OUTCOMES)
             terminalreporter.write_line(f"{counts}  {rule}")
         path = self.config.getoption("conformance_report")
-        if path:
+        if path:  # written even when nothing ran, so that no older report is mistaken for this run's
             doc = {
                 "implementation": impl.name,
                 "capabilities": sorted(impl.capabilities),
                 "torch": torch.__version__,
                 "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "command": shlex.join(["pytest", *self.config.invocation_params.args]),
+                "command": shlex.join(sys.argv),
+                "cwd": str(self.config.invocation_params.dir),
                 "rules": {rule: dict(rules[rule]) for rule in sorted(rules)},
                 "tests": dict(sorted(self.outcomes.items())),
             }
@@ -69,16 +73,16 @@ class ConformanceReport:
             terminalreporter.write_line(f"conformance report: {path}")
 
 
-OUTCOMES = ("passed", "failed", "skipped", "xfailed")
-
-
 def side_by_side(reports: list[dict]) -> str:
     """Markdown table of saved reports: one row per rule of any of them, one column per report.
 
     A cell is ``passed/failed/skipped/xfailed`` for that rule in that report (``-`` where the report has no
     such rule); the last row sums each column.
     """
-    columns = [f"{r['implementation']} ({r.get('cuda_device') or 'cpu'}, torch {r['torch']})" for r in reports]
+    columns = [
+        f"{r['implementation']} ({r.get('cuda_device') or 'cpu'}, torch {r['torch']}, {r.get('date', '?')[:10]})"
+        for r in reports
+    ]
     rules = sorted({rule for r in reports for rule in r["rules"]})
     totals = [Counter() for _ in reports]
     lines = ["| rule | " + " | ".join(columns) + " |", "|---" * (len(reports) + 1) + "|"]
@@ -109,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{path}: not a readable JSON report ({err})")
         if not isinstance(doc, dict) or not isinstance(doc.get("rules"), dict):
             parser.error(f"{path}: not a conformance report (no 'rules' object)")
+        missing = [k for k in ("implementation", "torch") if not isinstance(doc.get(k), str)]
+        counts = [c for c in doc["rules"].values() if not isinstance(c, dict) or not set(c) <= set(OUTCOMES)]
+        if missing or counts:
+            what = f"no {missing[0]!r} string" if missing else f"a rule's counts are not {{outcome: n}}: {counts[0]!r}"
+            parser.error(f"{path}: not a conformance report ({what})"[:300])
         docs.append(doc)
     print("outcomes per rule: passed/failed/skipped/xfailed; " + ", ".join(args.reports))
     print(side_by_side(docs))

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.report import side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +28,22 @@ def test_a_saved_report_has_each_rules_outcomes_and_what_made_it(tmp_path):
 
 
 def test_reports_side_by_side_have_a_cell_per_rule_and_report_and_column_totals():
-    ours = {"implementation": "a", "torch": "2.11", "cuda_device": "H200", "rules": {"x.py::r1": {"passed": 2}}}
+    ours = {
+        "implementation": "a",
+        "torch": "2.11",
+        "cuda_device": "H200",
+        "date": "2026-12-01T12:00:00+00:00",
+        "rules": {"x.py::r1": {"passed": 2}},
+    }
     theirs = {
         "implementation": "b",
         "torch": "2.13",
         "cuda_device": None,
+        "date": "2026-11-30T08:00:00+00:00",
         "rules": {"x.py::r1": {"failed": 1, "skipped": 1}, "x.py::r2": {"xfailed": 1}},
     }
     lines = side_by_side([ours, theirs]).splitlines()
-    assert lines[0] == "| rule | a (H200, torch 2.11) | b (cpu, torch 2.13) |"
+    assert lines[0] == "| rule | a (H200, torch 2.11, 2026-12-01) | b (cpu, torch 2.13, 2026-11-30) |"
     assert lines[2:] == [
         "| `x.py::r1` | 2/0/0/0 | 0/1/1/0 |",
         "| `x.py::r2` | - | 0/0/0/1 |",
@@ -42,11 +51,41 @@ def test_reports_side_by_side_have_a_cell_per_rule_and_report_and_column_totals(
     ]
 
 
-def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path):
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("[1, 2]", "no 'rules' object"),
+        ('{"rules": {}}', "no 'implementation' string"),
+        ('{"implementation": "a", "torch": "2", "rules": {"x": [1]}}', "a rule's counts are not {outcome: n}: [1]"),
+    ],
+)
+def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path, text, why):
     bad = tmp_path / "bad.json"
-    bad.write_text("[1, 2]")
+    bad.write_text(text)
     proc = subprocess.run(
         [sys.executable, "-m", "conformance.report", str(bad)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith(f"{bad}: not a conformance report (no 'rules' object)")
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"{bad}: not a conformance report ({why})")
+
+
+def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text('{"stale": true}')
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*cmd, "-p", "no:xdist", "-k", "no_such_test", f"--conformance-report={path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 5  # pytest: no tests ran
+    assert json.loads(path.read_text())["rules"] == {}
+
+
+def test_a_report_path_in_a_missing_folder_is_refused_before_any_test_runs(tmp_path):
+    path = tmp_path / "no-such-folder" / "report.json"
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 4  # pytest: usage error
+    assert "its folder does not exist" in proc.stderr and "passed" not in proc.stdout

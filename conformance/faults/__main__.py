@@ -26,13 +26,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="faults run at once (default: %(default)s)")
     parser.add_argument("--only", default="", help="comma-separated fault ids (default: every fault for the device)")
     args = parser.parse_args(argv)
-    only = {f for f in args.only.split(",") if f}
+    if args.jobs < 1:
+        parser.error(f"--jobs: must be at least 1, got {args.jobs}")
+    only = {f.strip() for f in args.only.split(",")} if args.only.strip() else set()
+    if "" in only:
+        parser.error(f"--only: an empty fault id in {args.only!r}; give comma-separated ids")
     unknown = only - {f.id for f in FAULTS}
     if unknown:
         parser.error(f"--only: unknown fault(s) {sorted(unknown)}")
+    needs_cuda = sorted(f.id for f in FAULTS if f.id in only and f.device == "cuda" and args.device == "cpu")
+    if needs_cuda:
+        parser.error(f"--only: {needs_cuda} show only on a GPU; run them with --device cuda")
+    if args.device == "cuda":
+        import torch  # here, not at the top: --help and argument errors stay instant
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
     faults = [f for f in FAULTS if (args.device == "cuda" or f.device == "cpu") and (not only or f.id in only)]
-    if args.jobs < 1:
-        parser.error(f"--jobs: must be at least 1, got {args.jobs}")
     shared = [f for f in faults if not f.alone]
     alone = [f for f in faults if f.alone]
     survived = 0
