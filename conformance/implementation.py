@@ -39,6 +39,8 @@ CAPABILITIES = {
     "levels": "implements levels 1 and 2 (whole-graph Dynamo, with and without Inductor)",
     "address_checks": "debug_cudagraph_addresses raises, naming the piece and size, when an input moved",
     "trace_once": "traces once for every token count (levels 2-3) and refuses what that cannot serve",
+    "tensor_parallel": "builds reference.parallel shards and runs them in torchrun processes (the suite launches "
+    "conformance/tensor_parallel_worker.py, which loads the implementation by its --impl name)",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too",
 }
 

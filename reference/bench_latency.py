@@ -150,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=1,
+        help="processes the model is sharded over (vLLM's flag); above 1, start one per device with "
+        "torchrun --nproc-per-node N -m reference.bench_latency ...; rank 0 prints and writes" + default,
+    )
+    parser.add_argument(
         "--baselines",
         type=_names(BASELINES, "baseline"),
         default=[],
@@ -192,6 +200,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
         args.modes = ["eager"]
     args.modes = args.modes or list(MODE_KWARGS)
+    if args.tensor_parallel_size > 1 and args.baselines:
+        parser.error(
+            f"--baselines {','.join(args.baselines)}: transformers' baselines run in one process, not with "
+            f"--tensor-parallel-size {args.tensor_parallel_size}; drop one of them"
+        )
     compiled = [m for m in args.modes if "compilation_config" in MODE_KWARGS[m]]
     if args.compilation_config is not None:
         if not compiled:
@@ -309,10 +322,28 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, CheckpointError) as err:  # found when a model is compiled, or its weights load
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except ValueError as err:
+        if "tensor_parallel_size" not in str(err):
+            raise
+        print(f"{PROG}: error: --tensor-parallel-size: {err}", file=sys.stderr)
+        sys.exit(2)
+    if _leave_group():  # every rank ran the same steps; one speaks
+        return
     print(markdown_header(doc))
     print(markdown_table(doc))
     for path in write_results(doc, args.output_json, args.results_dir):
         print(f"wrote {path}", file=sys.stderr)
+
+
+def _leave_group() -> bool:
+    """Leave the tensor-parallel group, if there is one; True on ranks other than 0."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return False
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    return rank != 0
 
 
 if __name__ == "__main__":

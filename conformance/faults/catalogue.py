@@ -2,16 +2,23 @@
 planted (see fault.py for what a fault is, run.py for how one is run).
 
 The faults live by what they break: compilation.py (compile, Dynamo capture, split, config), runner.py
-(runner and engine), ops.py (attention, custom ops, models), sampling.py, and cuda_graphs.py (those only a
-GPU shows).
+(runner and engine), ops.py (attention, custom ops, models), sampling.py, parallel.py (tensor parallelism),
+and cuda_graphs.py (those only a GPU shows).
 """
 
 from __future__ import annotations
 
-from conformance.faults import compilation, cuda_graphs, ops, runner, sampling
+from conformance.faults import compilation, cuda_graphs, ops, parallel, runner, sampling
 from conformance.faults.fault import Fault, FaultImplementation
 
-FAULTS: list[Fault] = [*compilation.FAULTS, *runner.FAULTS, *ops.FAULTS, *sampling.FAULTS, *cuda_graphs.FAULTS]
+FAULTS: list[Fault] = [
+    *compilation.FAULTS,
+    *runner.FAULTS,
+    *ops.FAULTS,
+    *sampling.FAULTS,
+    *parallel.FAULTS,
+    *cuda_graphs.FAULTS,
+]
 
 
 def fault_implementation(fault_id: str) -> FaultImplementation:

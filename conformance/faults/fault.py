@@ -25,6 +25,7 @@ KINDS = {
     "model": "a model's own arithmetic",
     "sampling": "the sampler or the request's generator",
     "engine": "the engine's scheduling of requests: rows, contexts, stopping",
+    "parallel": "tensor parallelism: how weights are sharded and the collectives that join the shards",
 }
 
 

@@ -38,11 +38,11 @@ from reference.ops import kernel_backend
 # capture.py's warning for a piecewise config on a CPU
 NO_GRAPHS_WARNING = "cudagraph_mode='piecewise' but the model is not on a CUDA device"
 
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every mode and baseline of ``args`` (the parsed ``bench_latency`` flags); returns the
     results document (described in :func:`reference.bench_latency.main`)."""
-    device = torch.device(args.device)
-    bandwidth = floor_bandwidth(device)
+    device = torch.device(args.device)  # under tensor parallelism, the first LLM says this rank's device
     vocab = registry.model_config(args.model).get_text_config().vocab_size
     generator = torch.Generator().manual_seed(args.seed)
     prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
@@ -62,13 +62,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 max_num_seqs=args.batch_size,
                 max_model_len=args.input_len + args.output_len,
                 share_weights_with=owner,
+                tensor_parallel_size=args.tensor_parallel_size,
                 **mode_kwargs(mode, args.compilation_config),
             )
-        if owner is None:
-            owner, weight_bytes = llm, weight_bytes_per_decode_step(llm.model)
+        if owner is None:  # one rank's bytes under tensor parallelism: the ranks read their shards at once
+            owner, weight_bytes, device = llm, weight_bytes_per_decode_step(llm.model), llm.device
+            bandwidth = floor_bandwidth(device)
+        quiet = owner.tensor_parallel.rank != 0
         prompts = prompt_ids.tolist()
         calls = args.num_iters_warmup + args.num_iters
-        label = f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
+        label = None if quiet else f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
             times, outputs = time_calls(lambda: llm.generate(prompts, params, use_tqdm=False), device, calls, label)
@@ -93,7 +96,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "same_tokens_as_first": _agreement(tokens, reference_tokens),
             }
         )
-        print(f"{mode}: p50 {results[-1]['latency_s']['p50']:.4f} s", file=sys.stderr)
+        if not quiet:
+            print(f"{mode}: p50 {results[-1]['latency_s']['p50']:.4f} s", file=sys.stderr)
         if llm is not owner:
             del llm
             release(device)
@@ -141,6 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "num_iters_warmup_baseline": args.num_iters_warmup_baseline,
             "dtype": str(owner.dtype).removeprefix("torch."),
             "device": str(device),
+            "tensor_parallel_size": args.tensor_parallel_size,
             "compilation_config_overrides": args.compilation_config,
         },
         "weight_bytes_per_decode_step": weight_bytes,

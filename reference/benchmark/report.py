@@ -53,6 +53,7 @@ def markdown_header(doc: dict[str, Any]) -> str:
     lines = [
         f"{doc['model']} on {device}, {s['dtype']}: batch {s['batch_size']}, {s['input_len']} prompt + "
         f"{s['output_len']} generated tokens; {s['num_iters']} timed call(s) after {s['num_iters_warmup']} warm-up"
+        + (f"; tensor parallel x{tp}" if (tp := s.get("tensor_parallel_size", 1)) > 1 else "")
     ]
     if not env["gpu"] and any(r.get("compilation_config", {}).get("level") == 3 for r in doc["results"]):
         lines.append("note: CUDA graphs need CUDA; on this CPU the piecewise modes ran their pieces without graphs")
@@ -70,6 +71,11 @@ def markdown_report(doc: dict[str, Any]) -> str:
         f"- date: {env['date']}; GPU: {env['gpu'] or 'none'}; torch {env['torch']}; transformers {env['transformers']}; "
         f"custom-op kernels: {env.get('custom_op_kernels', 'not recorded')}",
         f"- dtype {s['dtype']}; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls",
+        *(
+            [f"- tensor parallel over {tp} processes: weights and floor are one rank's (the ranks read at once)"]
+            if (tp := s.get("tensor_parallel_size", 1)) > 1
+            else []
+        ),
         f"- weights read per decode step: {doc['weight_bytes_per_decode_step']:,} bytes; bandwidth: "
         + (f"{bw:.3e} B/s ({doc['bandwidth_method']})" if bw else "not measured (no GPU), no floor"),
         "- floor = output_len x weight bytes / bandwidth; 'vs X' = X's p50 / this mode's p50",

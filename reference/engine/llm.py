@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from reference import parallel
 from reference.config import CompilationConfig, echo
 from reference.engine import arguments
 from reference.engine.requests import Request, RequestBuilder, RequestOutput
@@ -57,6 +58,11 @@ class LLM:
         tokenizer: path of a transformers tokenizer; default: the model directory's, if it has one.
         share_weights_with: another ``LLM`` of the same model whose weight tensors this one uses (one set
             of weights for several compilation modes in one process).
+        tensor_parallel_size: processes the model is sharded over (Megatron-style: column-parallel qkv and
+            gate/up, row-parallel o and down projections each followed by an all-reduce, vocabulary-
+            parallel embedding and LM head, the KV cache split by KV heads). Above 1 the script runs once
+            per device under ``torchrun --nproc-per-node N`` (NCCL on CUDA, each rank on
+            ``cuda:LOCAL_RANK``; gloo on the CPU), and every rank returns the same outputs.
         use_tqdm: show start-up progress.
 
     Attributes:
@@ -65,7 +71,9 @@ class LLM:
         custom_ops: ``{'enabled': [...], 'disabled': [...]}`` custom op names.
 
     Raises:
-        ValueError: an argument is out of range (the message names it).
+        ValueError: an argument is out of range (the message names it); ``tensor_parallel_size`` does not
+            divide the heads, KV heads, MLP width or vocabulary, differs from torchrun's ``WORLD_SIZE``, or
+            exceeds the CUDA devices.
         reference.config.ConfigError: the compilation config is invalid or contradicts ``enforce_eager``.
     """
 
@@ -84,6 +92,7 @@ class LLM:
         tokenizer: str | None = None,
         share_weights_with: "LLM | None" = None,
         use_tqdm: bool = True,
+        tensor_parallel_size: int = 1,
     ):
         arguments.check_positive("max_num_seqs", max_num_seqs)
         arguments.check_seed(seed)
@@ -92,12 +101,13 @@ class LLM:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model: expected a preset name or a checkpoint directory (a string), got {echo(model)}")
         self.model_name = model
-        self.device = arguments.resolve_device(device)
+        device = arguments.resolve_device(device)
         self.hf_config = registry.model_config(model)
         text_config = self.hf_config.get_text_config()  # the language model's (multimodal configs nest it)
+        registry.check_tensor_parallel(text_config, tensor_parallel_size)
         self.vocab_size = text_config.vocab_size
         configured_dtype = getattr(text_config, "dtype", None) or self.hf_config.dtype
-        self.dtype = arguments.resolve_dtype(dtype, configured_dtype, self.device)
+        self.dtype = arguments.resolve_dtype(dtype, configured_dtype, device)
         self.max_model_len = arguments.resolve_max_model_len(max_model_len, text_config.max_position_embeddings)
         if max_num_batched_tokens is not None:
             arguments.check_positive("max_num_batched_tokens", max_num_batched_tokens)
@@ -109,6 +119,8 @@ class LLM:
         self.config = arguments.engine_config(
             compilation_config, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs
         )
+        # the last check: joining the group waits for the other ranks
+        self.tensor_parallel, self.device = parallel.init_tensor_parallel(tensor_parallel_size, device)
         self.tokenizer = arguments.load_tokenizer(model, tokenizer)
         self.seed = seed
         self.requests = RequestBuilder(
@@ -139,6 +151,7 @@ class LLM:
                 device=self.device,
                 seed=seed,
                 share_weights_with=None if share_weights_with is None else share_weights_with.model,
+                tensor_parallel=self.tensor_parallel,
             )
             self.load_s = time.perf_counter() - start
             self.custom_ops = ops.summary()

@@ -30,6 +30,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from reference.models.llama import LlamaForCausalLM, LlamaMLP, head_dim
 from reference.models.qwen3 import Qwen3Attention
 from reference.ops import Attention, CustomOpSelection, GeluTanhAndMul, RMSNorm, RotaryEmbedding
+from reference.parallel import VocabParallelEmbedding
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 GEMMA_NORM_OFFSET = 1.0  # Gemma's RMSNorm multiplies by (1 + weight)
@@ -116,7 +117,7 @@ class Gemma3Model(nn.Module):
 
     def __init__(self, config: Gemma3TextConfig, ops: CustomOpSelection, attention_cls=Attention):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # fp32 here; transformers rounds it to the activation dtype before multiplying, so do we (forward)
         self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
         rotary = gemma3_rotary(config, ops)

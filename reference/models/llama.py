@@ -14,7 +14,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from reference import parallel
 from reference.ops import Attention, CustomOp, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
+from reference.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
 # our fused parameter -> the transformers parameters stacked into it, in order (along dim 0)
 STACKED_PARAMS = {
@@ -38,6 +40,9 @@ def llama_rotary(config: LlamaConfig, ops: CustomOpSelection) -> RotaryEmbedding
 class LlamaAttention(nn.Module):
     """qkv projection, RoPE, attention, output projection. ``forward(positions [T], x [T, H]) -> [T, H]``.
 
+    Built inside ``parallel.use(tp)``, a rank holds ``1 / tp.size`` of the query and KV heads (column-
+    parallel qkv, its KV cache sharded likewise) and the output projection is row-parallel (all-reduced).
+
     Args:
         config: the model config (heads, head_dim, attention_bias).
         ops: custom-op selection (used by subclasses that add normalisation layers).
@@ -60,10 +65,13 @@ class LlamaAttention(nn.Module):
         sliding_window: int | None = None,
     ):
         super().__init__()
+        size = parallel.current().size
         heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+        qkv_sizes = [heads * d, kv_heads * d, kv_heads * d]  # full widths; this rank holds 1/size of each
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, qkv_sizes, bias=config.attention_bias)
+        self.o_proj = RowParallelLinear(heads * d, config.hidden_size, bias=config.attention_bias)
+        heads, kv_heads = heads // size, kv_heads // size  # this rank's
         self.head_size, self.q_size, self.kv_size = d, heads * d, kv_heads * d
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
         self.rotary_emb = rotary
         scale = d**-0.5 if scale is None else scale
         self.attn = attention_cls(heads, kv_heads, d, scale, layer_name=f"{prefix}.attn", sliding_window=sliding_window)
@@ -80,7 +88,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Gated MLP, SwiGLU by default. ``forward(x [T, H]) -> [T, H]``.
+    """Gated MLP, SwiGLU by default. ``forward(x [T, H]) -> [T, H]``; column-parallel gate/up and
+    row-parallel down projections under tensor parallelism.
 
     Args:
         act_cls: the gated activation layer; :class:`~reference.ops.SiluAndMul` (Llama, Qwen) by default,
@@ -90,8 +99,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection, act_cls: type[CustomOp] = SiluAndMul):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        width = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [width, width], bias=bias)
+        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=bias)
         self.act_fn = act_cls(ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +141,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary = llama_rotary(config, ops)
         self.layers = nn.ModuleList(
             self.layer_cls(config, ops, rotary, f"model.layers.{i}", attention_cls)
@@ -161,13 +171,15 @@ class LlamaForCausalLM(nn.Module):
     """
 
     stacked_params = STACKED_PARAMS
+    supports_tensor_parallel = True  # built inside parallel.use(tp), it is rank tp.rank's shard
     model_cls: type[nn.Module] = LlamaModel  # the decoder stack; subclasses for other families swap it
 
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection, attention_cls=Attention):
         super().__init__()
         self.config = config
         self.model = self.model_cls(config, ops, attention_cls)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # vocabulary-parallel under tensor parallelism; compute_logits gathers the whole vocabulary
+        self.lm_head = ColumnParallelLinear(config.hidden_size, [config.vocab_size], bias=False, gather_output=True)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

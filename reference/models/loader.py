@@ -48,6 +48,7 @@ from reference.models.safetensors_files import (
     read_header,
     read_safetensors,
 )
+from reference.parallel import full_shape, shard, split_of
 
 __all__ = [  # CheckpointError and checkpoint_files are re-exported from safetensors_files
     "CheckpointError",
@@ -98,7 +99,8 @@ def _plan(model: nn.Module) -> dict[str, _Slot]:
             f"{type(model).__name__} does not match transformers' {model.config.model_type!r} model: {detail}"
         )
 
-    for name, tensor in model.state_dict().items():
+    for name, param in model.state_dict(keep_vars=True).items():
+        tensor = torch.empty(full_shape(param), device="meta")  # a shard counts with its whole shape
         module_path, _, leaf = name.rpartition(".")
         parent, _, module_name = module_path.rpartition(".")
         if module_name in stacked:
@@ -207,6 +209,8 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
         named_tensors: ``(transformers name, tensor)`` pairs, any floating dtype and device; each is cast and
             moved into place (``Tensor.copy_``), so a stream of tensors read one at a time never needs the
             whole checkpoint in memory.
+            A tensor-parallel model (built inside ``parallel.use``) takes the whole transformers tensors and
+            keeps its rank's shard of each (:func:`reference.parallel.shard`).
 
     Raises:
         CheckpointError: naming the tensor: an unexpected name, a name given twice, a shape different
@@ -221,10 +225,10 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
         if admitted is None:
             continue
         slot, first = admitted
-        target = match.targets[slot.name] if slot.rows is None else match.targets[slot.name][slot.rows]
+        target, piece = shard(match.targets[slot.name], tensor, slot.rows)  # this rank's part of the tensor
         if first == checkpoint_name:
-            target.copy_(tensor)
-        elif not torch.equal(target, tensor.to(target.device, target.dtype)):
+            target.copy_(piece)
+        elif not torch.equal(target, piece.to(target.device, target.dtype)):
             raise CheckpointError(
                 f"tensor {checkpoint_name!r} differs from {first!r}, but the model ties them into one parameter "
                 "(config.tie_word_embeddings); if the checkpoint's weights are really separate, set "
@@ -242,7 +246,13 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Returns:
         transformers name -> tensor (our dtype and device), in transformers' state-dict order.
+
+    Raises:
+        ValueError: ``model`` is a tensor-parallel shard (it holds only part of each tensor).
     """
+    sharded = [n for n, p in model.named_parameters() if split_of(p) is not None]
+    if sharded:
+        raise ValueError(f"hf_state_dict: the model is a tensor-parallel shard ({sharded[0]} and others)")
     ours = model.state_dict()
     return {hf: ours[s.name] if s.rows is None else ours[s.name][s.rows] for hf, s in _plan(model).items()}
 

@@ -23,6 +23,7 @@ from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from reference import parallel
 from reference.config import echo
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
@@ -177,6 +178,24 @@ def model_class(config: PretrainedConfig) -> type[nn.Module]:
     return cls
 
 
+def check_tensor_parallel(config: PretrainedConfig, size) -> None:
+    """``size`` processes can shard this model: an int >= 1, and above 1 a model class with tensor-parallel
+    layers whose heads, KV heads, MLP width and vocabulary it divides.
+
+    Raises:
+        ValueError: one line naming ``tensor_parallel_size`` (and the config field it does not divide).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"tensor_parallel_size: expected an int >= 1, got {echo(size)}")
+    if size == 1:
+        return
+    if not getattr(model_class(config), "supports_tensor_parallel", False):
+        raise ValueError(
+            f"tensor_parallel_size={size}: model_type {config.model_type!r} has no tensor-parallel layers; use 1"
+        )
+    parallel.check_divisible(config, size)
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -197,6 +216,7 @@ def build_model(
     device: str | torch.device,
     seed: int = 0,
     share_weights_with: nn.Module | None = None,
+    tensor_parallel: parallel.TensorParallel = parallel.SINGLE,
 ) -> nn.Module:
     """Build a model from a preset name or a checkpoint directory, directly on ``device`` in ``dtype``.
 
@@ -216,6 +236,8 @@ def build_model(
         share_weights_with: a model built from the same ``model`` to take parameters and buffers from
             (the very same tensors, no copy), e.g. to run several compilation modes over one set of
             weights. The new model is built on the meta device first, so nothing is allocated.
+        tensor_parallel: the group to shard the model over (this process holds rank ``tensor_parallel.rank``'s
+            shard); checkpoints and random weights give every group size the same model.
 
     Returns:
         the model, in eval mode.
@@ -229,11 +251,11 @@ def build_model(
     cls = model_class(config)
     device = torch.device(device)
     if share_weights_with is not None:
-        with _default_dtype(dtype), torch.device("meta"):
+        with _default_dtype(dtype), torch.device("meta"), parallel.use(tensor_parallel):
             net = cls(config, ops)
         _share_tensors(net, share_weights_with, dtype, device)
         return net.eval()
-    with _default_dtype(dtype), device:
+    with _default_dtype(dtype), device, parallel.use(tensor_parallel):
         net = cls(config, ops)
     if str(model) not in PRESETS:
         load_checkpoint(net, model)

@@ -87,6 +87,8 @@ class ToyLlama(LlamaForCausalLM):
     ``forward(input_ids [T], positions [T]) -> [T, H]``; every row is constant; see :func:`expected_hidden`.
     """
 
+    supports_tensor_parallel = False  # the closed form writes whole tensors into every layer
+
     def __init__(self, config: LlamaConfig, ops: CustomOpSelection):
         super().__init__(config, ops, attention_cls=ToyAttention)
         self._closed_form_init()

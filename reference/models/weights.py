@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from reference.ops import RMSNorm
+from reference.parallel import copy_full_into, full_shape, split_of
 
 
 @torch.no_grad()
@@ -15,7 +16,8 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
     Linear and Embedding weights ~ normal(0, ``config.initializer_range``), Linear biases 0, RMSNorm
     weights at the identity (1 - ``weight_offset``: 1 for Llama/Qwen, 0 for Gemma). Parameters are drawn
     in ``named_modules`` order, each shared (tied) tensor once, so a seed gives the same weights on every
-    run on the same device type and dtype.
+    run on the same device type and dtype. A tensor-parallel shard is cut from the whole tensor drawn as
+    one process draws it, so every tensor-parallel size gets the same model.
 
     Raises:
         TypeError: a parameter of a module type with no rule here (names the parameter).
@@ -29,8 +31,11 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+            if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight" and split_of(param) is None:
                 param.normal_(0.0, std, generator=generator)
+            elif isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+                whole = torch.empty(full_shape(param), dtype=param.dtype, device=device)
+                copy_full_into(param, whole.normal_(0.0, std, generator=generator))
             elif isinstance(module, nn.Linear) and name == "bias":
                 param.zero_()
             elif isinstance(module, RMSNorm) and name == "weight":
@@ -49,6 +54,7 @@ def weight_bytes_per_decode_step(model: nn.Module) -> int:
     input embedding table is gathered (one row per token), not streamed. A tied embedding is also the
     LM head's weight and counts once. Buffers (rotary tables) are gathered by position and not counted.
     Works on the meta device (shapes and dtypes only): Llama-3.1-8B in bf16 gives 15,009,849,344 bytes.
+    For a tensor-parallel model these are one rank's bytes (its shards and the replicated norms).
     """
     streamed: dict[int, torch.Tensor] = {}
     for module in model.modules():
