@@ -15,6 +15,7 @@ import torch
 from pytest_benchmark.utils import get_tag
 
 from reference.benchmark.floor import Bandwidth, floor_bandwidth
+from reference.benchmark.machine import machine_info as reference_machine_info
 from reference.compilation.counters import CompilationCounter, compilation_counter
 from reference.config import MODES, CompilationConfig
 from reference.engine import ModelRunner
@@ -115,10 +116,12 @@ def pytest_configure(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """Record the accelerator and library versions with every saved run (pytest-benchmark hook)."""
+    """Record the accelerator, library versions, CPU threads, load average and GPU clocks with every saved run
+    (pytest-benchmark hook)."""
     machine_info["torch"] = torch.__version__
     if torch.cuda.is_available():
         machine_info["cuda_device"] = torch.cuda.get_device_name()
+    machine_info.update(reference_machine_info(config.stash[_SETTINGS].device))  # threads, load, GPU clocks
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,11 @@ model (graph replays on CUDA at level 3), attention, the LM head on the last tok
 CUDA a ``torch.cuda.synchronize()`` so the timer stops when the kernels are done.
 """
 
+import warnings
+
 import torch
 
+from reference.benchmark.summary import IQR_WARNING
 from reference.compilation import compilation_counter
 
 # Explicit rounds (one call each) after explicit warm-up rounds; the runner is compiled and captured before.
@@ -50,8 +53,15 @@ def _check_and_describe(benchmark, run, settings, logits, tokens_per_step: int) 
     info.update(run.take_startup())
     if not benchmark.stats:
         return None
-    median = benchmark.stats.stats.median
+    median, iqr = benchmark.stats.stats.median, benchmark.stats.stats.iqr
     info["tokens_per_s"] = tokens_per_step / median
+    if iqr > IQR_WARNING * median:
+        warnings.warn(
+            f"{benchmark.name}: the rounds spread by {iqr / median:.0%} of the median (IQR); the machine may be "
+            "busy (see machine_info's load_avg) or the step host-bound",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return median
 
 

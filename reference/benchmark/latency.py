@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
+import os
 import shlex
 import sys
 import warnings
@@ -28,6 +28,7 @@ import transformers
 from reference.benchmark.baselines import build_hf_model, make_baseline
 from reference.benchmark.choices import mode_kwargs
 from reference.benchmark.floor import floor_bandwidth
+from reference.benchmark.machine import machine_info
 from reference.benchmark.timing import latency_stats, release, time_calls
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every mode and baseline of ``args`` (the parsed ``bench_latency`` flags); returns the
     results document (described in :func:`reference.bench_latency.main`)."""
     device = torch.device(args.device)  # under tensor parallelism, the first LLM says this rank's device
+    load_at_start = [round(x, 2) for x in os.getloadavg()]  # a busy machine moves every number
     vocab = registry.model_config(args.model).get_text_config().vocab_size
     generator = torch.Generator().manual_seed(args.seed)
     prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
@@ -154,8 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bandwidth_measured_Bps": bandwidth.measured_bytes_per_s if bandwidth else None,
         "results": results,
         "env": {
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "cpu": platform.processor() or platform.machine(),
+            **machine_info(device),  # gpu, cpu, threads, load average and GPU clocks after the run
+            "load_avg_at_start": load_at_start,
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "custom_op_kernels": kernel_backend(device),

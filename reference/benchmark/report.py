@@ -71,6 +71,8 @@ def markdown_report(doc: dict[str, Any]) -> str:
         f"- date: {env['date']}; GPU: {env['gpu'] or 'none'}; torch {env['torch']}; transformers {env['transformers']}; "
         f"custom-op kernels: {env.get('custom_op_kernels', 'not recorded')}",
         f"- dtype {s['dtype']}; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls",
+        f"- machine: {env.get('cpu')}, {env.get('threads', '?')} torch threads of {env.get('cpu_count', '?')} cores; "
+        f"load average at start {env.get('load_avg_at_start', '?')}; GPU clocks {env.get('gpu_clocks') or 'not read'}",
         *(
             [f"- tensor parallel over {tp} processes: weights and floor are one rank's (the ranks read at once)"]
             if (tp := s.get("tensor_parallel_size", 1)) > 1

@@ -1,0 +1,119 @@
+"""``python -m reference.report``: saved bench_latency and pytest-benchmark results as tables and a chart.
+
+The inputs are the committed results in perf/results (real runs); expected cells are computed here from
+the files' own numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reference.benchmark.results import newest, read_rows
+from reference.benchmark.summary import comparison_table, latency_table
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
+STEP_OLD = ROOT / "perf/results/step-llama-3.1-8b-decode-old-20261201.json"
+STEP_NEW = ROOT / "perf/results/step-llama-3.1-8b-decode-new-20261201.json"
+
+pytestmark = pytest.mark.requires("components")
+
+
+def test_a_bench_latency_file_gives_one_row_per_mode_with_its_p50_and_floor():
+    doc = json.loads(GENERATE.read_text())
+    rows = read_rows(GENERATE)
+    assert [r.mode for r in rows] == [r["mode"] for r in doc["results"]]
+    for row, result in zip(rows, doc["results"]):
+        assert row.latency_s == result["latency_s"]["p50"]
+        assert row.x_floor == pytest.approx(result["x_floor"])
+
+
+def test_a_pytest_benchmark_file_gives_the_step_medians_and_their_floor():
+    doc = json.loads(STEP_NEW.read_text())
+    rows = read_rows(STEP_NEW)
+    assert [r.latency_s for r in rows] == [b["stats"]["median"] for b in doc["benchmarks"]]
+    assert all(r.measure == "decode step B=8" and r.floor_s == pytest.approx(3.548e-3, rel=1e-3) for r in rows)
+
+
+def test_the_table_has_a_row_per_model_and_measure_and_a_column_per_mode():
+    rows = read_rows(GENERATE) + read_rows(STEP_NEW)
+    lines = latency_table(rows).splitlines()
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    assert lines[0] == "| model | measure | floor | " + " | ".join(modes) + " |"
+    no_inductor = next(r for r in rows if r.mode == "no_inductor" and r.measure.startswith("decode"))
+    step = next(line for line in lines if "decode step" in line)
+    assert f"{no_inductor.latency_s * 1e3:.2f} ms ({no_inductor.x_floor:.2f}x)" in step
+    assert step.endswith("| - | - |")  # no baselines timed per step
+
+
+def test_a_spread_above_a_tenth_of_the_median_is_flagged():
+    (row, *_) = read_rows(STEP_NEW)
+    noisy = dataclasses.replace(row, iqr_s=0.2 * row.latency_s)
+    quiet = dataclasses.replace(row, iqr_s=0.05 * row.latency_s)
+    assert latency_table([noisy]).splitlines()[2].endswith("x)* |")
+    assert latency_table([quiet]).splitlines()[2].endswith("x) |")
+
+
+def test_the_newest_run_of_a_key_wins():
+    (row,) = read_rows(STEP_NEW)[:1]
+    older = dataclasses.replace(row, date="2020-01-01", latency_s=1.0)
+    assert newest([row, older]) == [row] and newest([older, row]) == [row]
+
+
+def test_compare_gives_the_change_per_row_in_percent():
+    old, new = read_rows(STEP_OLD), read_rows(STEP_NEW)
+    lines = comparison_table(old, new).splitlines()[2:]
+    assert len(lines) == len(new)
+    for line, o, n in zip(lines, old, new):
+        assert line.endswith(f"| {100 * (n.latency_s / o.latency_s - 1):+.1f}% |")
+
+
+def _report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reference.report", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    proc = _report(str(GENERATE), str(STEP_NEW), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out/latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (tmp_path / "out/report.md").read_text()
+    assert "| llama-3.1-8b | generate B=8, 32+128 |" in text and "| llama-3.1-8b | decode step B=8 |" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "give RESULTS... and --out DIR, or --compare OLD NEW"),
+        (["README.md", "--out", "x"], "README.md: not a readable JSON file"),
+        (["pyproject.toml", "--out", "x"], "pyproject.toml: not a readable JSON file"),
+        (["fixtures/tiny-llama/config.json", "--out", "x"], "neither bench_latency JSON"),
+        (["--compare", str(STEP_OLD), str(STEP_NEW), "--out", "x"], "--compare OLD NEW takes no other results"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_2(args, message):
+    proc = _report(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_results_record_the_machine_state_that_moves_latencies():
+    import torch
+
+    from reference.benchmark.machine import machine_info
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        info = machine_info(torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert info["threads"] == 1 and info["cpu_count"] >= 1 and info["cpu"]
+    assert len(info["load_avg"]) == 3 and all(x >= 0 for x in info["load_avg"])
+    assert info["gpu"] is None and info["gpu_clocks"] is None

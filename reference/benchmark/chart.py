@@ -1,0 +1,71 @@
+"""The report's chart: latency per mode per model, one panel per measure, with each model's floor drawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reference.benchmark.results import Row
+
+
+def latency_chart(rows: list[Row], path: Path) -> Path:
+    """Write a PNG: a panel per measure (generate, decode step, ...), bars per model and mode (p50, in ms),
+    a black line at each model's floor where the rows have one. Needs matplotlib (the ``report`` extra).
+
+    Raises:
+        ImportError: matplotlib is not installed (the message says how to install it).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(
+            "the chart needs matplotlib: pip install matplotlib (or the project's [test] extra)"
+        ) from None
+    from matplotlib.ticker import FuncFormatter
+
+    measures = list(dict.fromkeys(r.measure for r in rows))
+    all_modes = list(dict.fromkeys(r.mode for r in rows))  # one colour per mode across the panels
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.5 * len(measures), 4.2), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for ax, measure in zip(axes[0], measures):
+        models = list(dict.fromkeys(r.model for r in rows if r.measure == measure))
+        modes = [mode for mode in all_modes if any(r.mode == mode and r.measure == measure for r in rows)]
+        width = 0.8 / len(modes)
+        for m, mode in enumerate(modes):
+            for i, model in enumerate(models):
+                r = next((r for r in rows if r.key == (model, measure, mode)), None)
+                if r is not None:
+                    label = mode if i == 0 else None
+                    ax.bar(
+                        i + (m - (len(modes) - 1) / 2) * width, r.latency_s * 1e3, width, color=colors(m), label=label
+                    )
+        for i, model in enumerate(models):
+            floors = [r.floor_s for r in rows if r.model == model and r.measure == measure and r.floor_s]
+            if floors:
+                ax.hlines(
+                    min(floors) * 1e3,
+                    i - 0.45,
+                    i + 0.45,
+                    colors="black",
+                    linewidth=2,
+                    label="floor" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(models)), models)
+        ax.set_title(measure)
+        ax.set_ylabel("p50 latency (ms)")
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda y, _: f"{y:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.grid(axis="y", which="both", alpha=0.3)
+    handles = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(len(handles), 7), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,55 @@
+"""What a benchmark ran on, recorded with its results: CPU model, threads, load, GPU and its clocks.
+
+A latency means little without the state of the machine that gave it: a busy host (load average), a
+thread count that differs between runs (CPU runs swing tenfold with it on a 2-core machine), or a GPU
+whose SM clock sits below its maximum all move numbers that look like the code's.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+
+import torch
+
+_CLOCKS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem"
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_clocks(device: torch.device) -> dict[str, int] | None:
+    """Current and maximum SM and memory clocks of ``device`` in MHz, from nvidia-smi; None without it."""
+    if device.type != "cuda" or shutil.which("nvidia-smi") is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cmd = ["nvidia-smi", f"--query-gpu={_CLOCKS}", "--format=csv,noheader,nounits", f"--id={index}"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+        values = [int(v) for v in out.strip().split(",")]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return dict(zip(("sm_mhz", "mem_mhz", "max_sm_mhz", "max_mem_mhz"), values))
+
+
+def machine_info(device: torch.device) -> dict:
+    """``{"cpu", "cpu_count", "threads" (torch intra-op), "load_avg" (1, 5, 15 min), "gpu", "gpu_clocks"}``."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "gpu_clocks": gpu_clocks(device),
+    }

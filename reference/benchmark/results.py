@@ -1,0 +1,141 @@
+"""Saved benchmark results as rows: ``bench_latency`` JSON (whole ``generate`` calls) and pytest-benchmark
+JSON from perf/ (one decode step or one prefill), read into one shape for the report.
+
+A :class:`Row` is one (model, measure, mode) latency with its floor, start-up and graph memory. Where
+several files give the same key, the newest run (by its recorded date) is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# pytest-benchmark test names in perf/test_step_latency.py -> the measure they time
+STEP_MEASURES = {"test_decode_step_latency": "decode step", "test_prefill_latency": "prefill"}
+
+
+class ResultsError(ValueError):
+    """A results file that is not ``bench_latency`` or pytest-benchmark JSON; the message names it."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One latency of one mode.
+
+    Attributes:
+        model: preset or checkpoint. measure: ``'generate B=8, 32+128'``, ``'decode step B=8'``, ...
+        mode: an engine mode (``eager``, ``no_inductor``, ...) or a baseline (``hf-compile``, ...).
+        latency_s: median (p50), seconds. floor_s: the bandwidth floor of the same work, seconds, or None
+            (CPU runs). startup_s: compile + capture (engine modes), the first call (baselines), or None.
+        graph_gib: device memory the CUDA graphs took, GiB, or None. iqr_s: interquartile range of the
+            timed calls when the file has it (pytest-benchmark), seconds.
+        gpu, torch, date: where and when it ran (ISO date). source: the file.
+    """
+
+    model: str
+    measure: str
+    mode: str
+    latency_s: float
+    floor_s: float | None
+    startup_s: float | None
+    graph_gib: float | None
+    iqr_s: float | None
+    gpu: str | None
+    torch: str | None
+    date: str
+    source: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.model, self.measure, self.mode
+
+    @property
+    def x_floor(self) -> float | None:
+        return self.latency_s / self.floor_s if self.floor_s else None
+
+
+def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
+    s, env = doc["settings"], doc["env"]
+    measure = f"generate B={s['batch_size']}, {s['input_len']}+{s['output_len']}"
+    if s.get("tensor_parallel_size", 1) > 1:
+        measure += f", TP={s['tensor_parallel_size']}"
+    rows = []
+    for r in doc["results"]:
+        start = r["startup"]
+        startup = start.get("first_call_s") if r["kind"] == "baseline" else start["compile_s"] + start["capture_s"]
+        rows.append(
+            Row(
+                doc["model"],
+                measure,
+                r["mode"],
+                r["latency_s"]["p50"],
+                r.get("floor_s"),
+                startup,
+                start.get("graph_gib"),
+                None,
+                env.get("gpu"),
+                env.get("torch"),
+                env["date"],
+                source,
+            )
+        )
+    return rows
+
+
+def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
+    rows = []
+    for b in doc["benchmarks"]:
+        test, info = b["name"].split("[", 1)[0], b.get("extra_info", {})
+        if test not in STEP_MEASURES or "mode" not in info:
+            continue  # not one of perf/'s step benchmarks
+        measure = f"{STEP_MEASURES[test]} B={info['batch_size']}"
+        floor = info.get("floor_ms")
+        rows.append(
+            Row(
+                info["model"],
+                measure,
+                info["mode"],
+                b["stats"]["median"],
+                floor / 1e3 if floor else None,
+                info.get("compile_s", 0.0) + info.get("capture_s", 0.0),
+                info.get("graph_gib"),
+                b["stats"]["iqr"],
+                info.get("device"),
+                doc.get("machine_info", {}).get("torch"),
+                doc["datetime"],
+                source,
+            )
+        )
+    return rows
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """The rows of one results file.
+
+    Raises:
+        ResultsError: unreadable, not JSON, or neither format (one line naming the file).
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
+    try:
+        if isinstance(doc, dict) and "results" in doc and "settings" in doc:
+            return _bench_latency_rows(doc, str(path))
+        if isinstance(doc, dict) and "benchmarks" in doc:
+            return _pytest_benchmark_rows(doc, str(path))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ResultsError(f"{path}: a results file without the field {err}") from None
+    raise ResultsError(
+        f"{path}: neither bench_latency JSON ('settings', 'results') nor pytest-benchmark JSON ('benchmarks')"
+    )
+
+
+def newest(rows: list[Row]) -> list[Row]:
+    """One row per (model, measure, mode): the newest by date (the later file on a tie), in first-seen order."""
+    kept: dict[tuple[str, str, str], Row] = {}
+    for row in rows:
+        if row.key not in kept or row.date >= kept[row.key].date:
+            kept[row.key] = row
+    return list(kept.values())

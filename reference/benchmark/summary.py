@@ -1,0 +1,74 @@
+"""The report's markdown: the seed-style table (models x modes: latency and x floor), start-up and graph
+memory per mode, and the change per row between two sets of results."""
+
+from __future__ import annotations
+
+from reference.benchmark.results import Row
+
+IQR_WARNING = 0.10  # flag a row whose interquartile range exceeds this fraction of its median
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def _modes(rows: list[Row]) -> list[str]:
+    """Modes in first-seen order (engine modes come before baselines in every results file)."""
+    return list(dict.fromkeys(r.mode for r in rows))
+
+
+def latency_table(rows: list[Row]) -> str:
+    """| model | measure | floor | mode... |: p50 with its multiple of the floor; ``*`` marks a spread (IQR)
+    above ``IQR_WARNING`` of the median."""
+    modes = _modes(rows)
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.measure), {})[r.mode] = r
+    lines = ["| model | measure | floor | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
+    for (model, measure), by_mode in groups.items():
+        floors = {r.floor_s for r in by_mode.values() if r.floor_s}
+        floor = _time(min(floors)) if floors else "-"
+        cells = []
+        for mode in modes:
+            r = by_mode.get(mode)
+            if r is None:
+                cells.append("-")
+                continue
+            noisy = "*" if r.iqr_s is not None and r.iqr_s > IQR_WARNING * r.latency_s else ""
+            cells.append(_time(r.latency_s) + (f" ({r.x_floor:.2f}x)" if r.x_floor else "") + noisy)
+        lines.append(f"| {model} | {measure} | {floor} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def startup_table(rows: list[Row]) -> str:
+    """| model | mode | start-up | graph memory |, for the generate measures (where the engine starts)."""
+    lines = [
+        "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r.measure.startswith("generate") or r.startup_s is None:
+            continue
+        graph = f"{r.graph_gib:.3f} GiB" if r.graph_gib is not None else "-"
+        lines.append(f"| {r.model} | {r.mode} | {r.startup_s:.2f} s | {graph} |")
+    return "\n".join(lines)
+
+
+def comparison_table(old: list[Row], new: list[Row]) -> str:
+    """| model | measure | mode | old | new | change |: rows present in both, change = new / old - 1."""
+    before = {r.key: r for r in old}
+    lines = ["| model | measure | mode | old | new | change |", "|---|---|---|---|---|---|"]
+    for r in new:
+        if r.key in before:
+            o = before[r.key]
+            change = 100 * (r.latency_s / o.latency_s - 1)
+            lines.append(
+                f"| {r.model} | {r.measure} | {r.mode} | {_time(o.latency_s)} | {_time(r.latency_s)} | {change:+.1f}% |"
+            )
+    return "\n".join(lines)
+
+
+def sources(rows: list[Row]) -> str:
+    """One line per results file used: its GPU, torch and date."""
+    seen = dict.fromkeys((r.source, r.gpu or "cpu", r.torch or "?", r.date[:19]) for r in rows)
+    return "\n".join(f"- `{src}`: {gpu}, torch {torch}, {date}" for src, gpu, torch, date in seen)

@@ -1,0 +1,70 @@
+"""``python -m reference.report RESULTS... --out DIR [--compare OLD NEW]``: saved results as a report.
+
+RESULTS are ``bench_latency`` JSON files (``--output-json`` / ``--results-dir``) and pytest-benchmark JSON
+files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``), in any mix. DIR gets ``report.md`` (the
+models x modes latency table with each floor, start-up and graph memory, the files it came from) and
+``latency.png`` (a chart of the same latencies, the floors drawn). Where several files time the same
+model, measure and mode, the newest run is used. ``--compare OLD NEW`` prints the change per row from
+the results file OLD to NEW, in percent, instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reference.benchmark.results import ResultsError, newest, read_rows
+from reference.benchmark.summary import IQR_WARNING, comparison_table, latency_table, sources, startup_table
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m reference.report", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="*", type=Path, help="bench_latency or pytest-benchmark JSON files")
+    parser.add_argument("--out", type=Path, help="folder for report.md and latency.png (created if missing)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="print the change per row")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.compare and (args.results or args.out):
+        parser.error("--compare OLD NEW takes no other results and no --out")
+    if not args.compare and (not args.results or args.out is None):
+        parser.error("give RESULTS... and --out DIR, or --compare OLD NEW")
+    try:
+        if args.compare:
+            old, new = (newest(read_rows(p)) for p in args.compare)
+            print(comparison_table(old, new))
+            return 0
+        rows = newest([row for path in args.results for row in read_rows(path)])
+    except ResultsError as err:
+        parser.error(str(err))
+    if not rows:
+        parser.error("the files hold no latency rows")
+    args.out.mkdir(parents=True, exist_ok=True)
+    from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
+
+    chart = latency_chart(rows, args.out / "latency.png")
+    text = "\n\n".join(
+        [
+            "# Latency by model and mode",
+            f"p50 per call, with its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed "
+            f"calls' interquartile range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
+            latency_table(rows),
+            "## Start-up and graph memory",
+            startup_table(rows),
+            "## From",
+            sources(rows),
+            f"Written by `python -m reference.report {' '.join(str(p) for p in args.results)} --out {args.out}`.",
+        ]
+    )
+    (args.out / "report.md").write_text(text + "\n")
+    print(text)
+    print(f"wrote {args.out / 'report.md'} and {chart}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
