@@ -168,11 +168,14 @@ def test_tensor_parallel_bench_latency_under_torchrun_reports_once_from_rank_0(t
         (["-tp", "2"], "--tensor-parallel-size: tensor_parallel_size=2 needs 2 processes"),
         (["-tp", "2", "--baselines", "hf-eager"], "--baselines hf-eager: transformers' baselines run in one process"),
         (["-tp", "0"], "--tensor-parallel-size"),
+        (["-tp", "1", "WORLD_SIZE=2"], "--tensor-parallel-size 1 under 2 processes (WORLD_SIZE); pass"),
     ],
 )
-def test_tensor_parallel_bench_latency_errors_are_one_line_with_exit_2(extra, message, monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    proc = subprocess.run([sys.executable, *BENCH, *extra], cwd=ROOT, capture_output=True, text=True)
+def test_tensor_parallel_bench_latency_errors_are_one_line_with_exit_2(extra, message):
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    env.update(arg.split("=", 1) for arg in extra if "=" in arg)
+    args = [arg for arg in extra if "=" not in arg]
+    proc = subprocess.run([sys.executable, *BENCH, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr

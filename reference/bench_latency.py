@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -200,6 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
         args.modes = ["eager"]
     args.modes = args.modes or list(MODE_KWARGS)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.tensor_parallel_size == 1 and world > 1:  # every process would run, print and write alone
+        parser.error(
+            f"--tensor-parallel-size 1 under {world} processes (WORLD_SIZE); pass --tensor-parallel-size {world}"
+        )
     if args.tensor_parallel_size > 1 and args.baselines:
         parser.error(
             f"--baselines {','.join(args.baselines)}: transformers' baselines run in one process, not with "
