@@ -123,8 +123,8 @@ def test_tensor_parallel_llm_generates_the_tokens_of_one_process(model, ranks):
 @pytest.mark.parametrize(
     "size, message",
     [
-        (3, "tensor_parallel_size=3 must divide the model's num_attention_heads (4)"),
-        (4, "tensor_parallel_size=4 must divide the model's num_key_value_heads (2)"),
+        (3, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
+        (4, "tensor_parallel_size=4 does not divide the model's num_key_value_heads (2)"),
         (0, "tensor_parallel_size: expected an int >= 1, got 0"),
         (True, "tensor_parallel_size: expected an int >= 1, got True"),
         ("2", "tensor_parallel_size: expected an int >= 1, got '2'"),
@@ -165,7 +165,7 @@ def test_tensor_parallel_bench_latency_under_torchrun_reports_once_from_rank_0(t
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["-tp", "2"], "--tensor-parallel-size: tensor_parallel_size=2 needs 2 processes"),
+        (["-tp", "2"], "error: tensor_parallel_size=2 needs 2 processes"),
         (["-tp", "2", "--baselines", "hf-eager"], "--baselines hf-eager: transformers' baselines run in one process"),
         (["-tp", "0"], "--tensor-parallel-size"),
         (["-tp", "1", "WORLD_SIZE=2"], "--tensor-parallel-size 1 under 2 processes (WORLD_SIZE); pass"),

@@ -332,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         if "tensor_parallel_size" not in str(err):
             raise
-        print(f"{PROG}: error: --tensor-parallel-size: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank finds the same error; one says it
+            print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
     if _leave_group():  # every rank ran the same steps; one speaks
         return

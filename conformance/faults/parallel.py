@@ -44,7 +44,6 @@ def _gathered_rank_minor(x, tp):
     return torch.ops._c10d_functional.wait_tensor(gathered).reshape(x.shape[0], -1)
 
 
-
 FAULTS = [
     Fault(
         id="tp-all-reduce-dropped",

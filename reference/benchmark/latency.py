@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         label = None if quiet else f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()  # the ranks start timing together
             times, outputs = time_calls(lambda: llm.generate(prompts, params, use_tqdm=False), device, calls, label)
         times = times[args.num_iters_warmup :]
         tokens = [o.outputs[0].token_ids for o in outputs]

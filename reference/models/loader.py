@@ -252,7 +252,10 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     sharded = [n for n, p in model.named_parameters() if split_of(p) is not None]
     if sharded:
-        raise ValueError(f"hf_state_dict: the model is a tensor-parallel shard ({sharded[0]} and others)")
+        raise ValueError(
+            f"hf_state_dict: the model is one rank's shard of a tensor_parallel_size > 1 model ({sharded[0]} and "
+            "others); build it with tensor_parallel_size=1"
+        )
     ours = model.state_dict()
     return {hf: ours[s.name] if s.rows is None else ours[s.name][s.rows] for hf, s in _plan(model).items()}
 

@@ -68,7 +68,7 @@ def check_divisible(config, size: int) -> None:
         value = getattr(config, field)
         if value % size:
             raise ValueError(
-                f"tensor_parallel_size={size} must divide the model's {field} ({value}); "
+                f"tensor_parallel_size={size} does not divide the model's {field} ({value}); "
                 f"choose a divisor of {value}"
             )
 
@@ -103,5 +103,8 @@ def init_tensor_parallel(size: int, device: torch.device) -> tuple[TensorParalle
         for name, value in _SAFE_NCCL_ENV.items():
             os.environ.setdefault(name, value)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # on CUDA, device_id binds the rank to its GPU and creates NCCL's communicator now, eagerly, rather
+        # than at the first collective (which may be the one a CUDA-graph warm-up runs)
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return TensorParallel(dist.get_rank(), size, dist.group.WORLD.group_name), device

@@ -2,8 +2,9 @@
 
 The collectives are torch's functional ones (``torch.ops._c10d_functional``): out-of-place ops whose group
 is a string constant, so a traced graph holds an ``all_reduce`` node (and its ``wait_tensor``) like any
-other op, inside the piecewise pieces (they are not splitting ops), and a CUDA graph captures the
-collective's kernel with the rest of its piece. With one process every layer is the plain layer it
+other op, inside the piecewise pieces (they are not splitting ops), so on CUDA the collective is meant
+to be captured with the rest of its piece (NCCL supports stream capture; not yet run on several GPUs
+here: only the gloo CPU path is tested). With one process every layer is the plain layer it
 subclasses and calls no collective.
 
 Shapes (T tokens, H hidden, size = tensor-parallel size): a column-parallel linear maps [T, H] to
