@@ -3,6 +3,9 @@
 ``REFERENCE_REQUIRE_CUDA=1`` (set by ``tox -e gpu``) turns a missing CUDA device into an error at the
 start of the run: on the GPU machine, a torch that cannot see the device (a CPU build picked up by
 mistake, a hidden device) would otherwise skip every gpu test and still pass.
+
+``REFERENCE_ALLOW_EMPTY_SELECTION=1`` (also set by ``tox -e gpu``, which runs the suite in two selections:
+the device-memory tests apart) lets a run that selects no test pass, so a ``-k`` given to both may empty one.
 """
 
 import os
@@ -55,6 +58,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and os.environ.get("REFERENCE_ALLOW_EMPTY_SELECTION") == "1":
+        session.exitstatus = pytest.ExitCode.OK
 
 
 @pytest.fixture(autouse=True)
