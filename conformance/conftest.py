@@ -4,8 +4,10 @@
   the ``impl`` fixture, and ``impl.activate()`` is entered around every test.
 * ``@pytest.mark.requires(capability, ...)``: skipped, with the reason, for an implementation without it.
   A config an implementation raises ``Unsupported`` for is a skip with its reason too.
-* Mode markers ``eager``, ``no_inductor``, ``inductor``: a test parametrized with ``mode`` is marked with
-  its value; other tests that run a mode carry the marker by hand. Under the reference every compiled
+* Mode markers (``eager``, ``breakable``, ``no_inductor``, ``inductor``, ``no_inductor_full``,
+  ``inductor_full``): a test parametrized with ``mode`` is marked with its value, and a full-graph mode's
+  test with its base mode's too (``no_inductor_full`` runs no_inductor's pieces, so ``-m no_inductor``
+  selects it); other tests that run a mode carry the marker by hand. Under the reference every compiled
   model's mode is recorded, and a test that ran a mode it is not marked with errors at teardown, so
   ``-m no_inductor`` (and ``-k no_inductor``, which matches marker names) select exactly the tests that
   run it. A test id containing ``no_inductor`` without the marker is refused at collection.
@@ -20,16 +22,7 @@ import pytest
 from conformance.implementation import CAPABILITIES, Unsupported
 from conformance.report import IMPLEMENTATION, rule_of
 from reference.compilation.capture import CompiledModel
-from reference.config import MODES
-
-
-def mode_of(config) -> str | None:
-    """The model mode a compiled config runs (see reference.config.MODES); None for levels 1-2."""
-    if config.level == 0:
-        return "eager"
-    if config.level == 3:
-        return "inductor" if config.use_inductor else "no_inductor"
-    return None
+from reference.config import BASE_MODE, MODES, mode_of
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,6 +34,8 @@ def pytest_collection_modifyitems(config, items):
         params = item.callspec.params if hasattr(item, "callspec") else {}
         if params.get("mode") in MODES:
             item.add_marker(getattr(pytest.mark, params["mode"]))
+            if params["mode"] in BASE_MODE:
+                item.add_marker(getattr(pytest.mark, BASE_MODE[params["mode"]]))
         if "no_inductor" in item.nodeid.lower() and item.get_closest_marker("no_inductor") is None:
             raise pytest.UsageError(
                 f"{item.nodeid}: its id says no_inductor but it is not marked no_inductor, so -k no_inductor would "

@@ -3,10 +3,12 @@
 Model modes (the names test ids, the CLI and the docs use) are ``reference.config.MODES``:
 
 * ``eager``: ``enforce_eager``, i.e. level 0, no CUDA graphs; custom ops default to all.
+* ``breakable``: level 0 with piecewise graphs: the eager model captured into segments broken at attention.
 * ``no_inductor``: level 3, ``use_inductor=False``, ``custom_ops=['all']``: the pieces stay eager FX code
   and are captured into piecewise CUDA graphs.
 * ``inductor``: level 3, ``use_inductor=True`` (custom ops default to none): Inductor compiles the pieces,
   which are captured into piecewise CUDA graphs.
+* ``no_inductor_full`` / ``inductor_full``: the same plus a full graph per decode size (runner steps only).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from reference.models.weights import init_random_weights
 from reference.ops import CustomOpSelection, RMSNorm
 
 MODES = tuple(MODE_FIELDS)
-COMPILED_MODES = tuple(m for m in MODES if m != "eager")
+COMPILED_MODES = tuple(m for m in MODES if m != "eager")  # every mode with CUDA graphs
+# The two Dynamo-traced piecewise modes. Tests that call a compiled model directly (no runner: no dispatch,
+# so no full graph is ever used) take these; the full variants would only repeat them.
+TRACED_MODES = ("no_inductor", "inductor")
 # The device axis of every test that runs on both; the cuda cases need a GPU (tox -e gpu).
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 

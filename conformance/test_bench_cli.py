@@ -106,7 +106,9 @@ def test_compilation_config_overrides_change_only_the_compiled_modes():
 
 MODE_FIELD_ERROR = (
     r"--compilation-config: sets {fields}, which --modes decides: choose modes instead "
-    r"\(eager: level 0; no_inductor: level 3, use_inductor=False; inductor: level 3, use_inductor=True\)"
+    r"\(eager: level 0; breakable: level 0, cudagraph_mode=piecewise; no_inductor: level 3, use_inductor=False; "
+    r"inductor: level 3, use_inductor=True; no_inductor_full: level 3, use_inductor=False, "
+    r"cudagraph_mode=full_and_piecewise; inductor_full: level 3, use_inductor=True, cudagraph_mode=full_and_piecewise\)"
 )
 BAD_FLAGS = [
     pytest.param(["--modes", "eager,fast"], r"argument --modes: unknown \['fast'\]", id="unknown-mode"),
@@ -282,8 +284,11 @@ def test_help_lists_every_flag(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.eager
+@pytest.mark.breakable
 @pytest.mark.no_inductor
 @pytest.mark.inductor
+@pytest.mark.no_inductor_full
+@pytest.mark.inductor_full
 def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
     argv = ["--model", "llama-tiny", *TINY_RUN, "--device", "cuda", "--output-json", str(tmp_path / "out.json")]
     main(argv)
@@ -296,7 +301,10 @@ def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
         assert r["floor_s"] > 0 and r["latency_s"]["p50"] >= r["floor_s"]
         assert r["x_floor"] == pytest.approx(r["latency_s"]["p50"] / r["floor_s"])
     compiled = [r for r in doc["results"] if r["mode"] != "eager"]
-    assert all(r["startup"]["capture_sizes"] == [2, 1] for r in compiled)  # up to --batch-size 2
+    for r in compiled:  # up to --batch-size 2; full modes serve 1-token steps with a full graph only
+        startup = r["startup"]
+        piecewise = [2] if startup["full_capture_sizes"] else [2, 1]
+        assert startup["capture_sizes"] == piecewise and startup["full_capture_sizes"] in ([], [2, 1]), r["mode"]
 
 
 def test_the_clis_dtype_names_are_the_engines():

@@ -106,6 +106,9 @@ def test_a_non_dict_value_is_rejected():
 
 
 # ---------------------------------------------------------------------- field types and values
+GRAPH_MODES_ALLOWED = (
+    r"cudagraph_mode: expected one of \['none', 'piecewise', 'full_decode_only', 'full_and_piecewise'\]"
+)
 WRONG_VALUES = [
     ("level", True, r"level: expected one of \[0, 1, 2, 3\], got True"),
     ("level", "3", r"level: expected one of \[0, 1, 2, 3\], got '3'"),
@@ -120,8 +123,8 @@ WRONG_VALUES = [
     ("splitting_ops", ["attention"], "splitting_ops: 'attention' is not a qualified op name; expected 'namespace::op'"),
     ("splitting_ops", ["a::b::c"], "splitting_ops: 'a::b::c' is not a qualified op name"),
     ("splitting_ops", ["::attention"], "splitting_ops: '::attention' is not a qualified op name"),
-    ("cudagraph_mode", "full", r"cudagraph_mode: expected one of \['none', 'piecewise'\], got 'full'"),
-    ("cudagraph_mode", False, r"cudagraph_mode: expected one of \['none', 'piecewise'\], got False"),
+    ("cudagraph_mode", "fulll", GRAPH_MODES_ALLOWED + ", got 'fulll'"),
+    ("cudagraph_mode", False, GRAPH_MODES_ALLOWED + ", got False"),
     ("cudagraph_capture_sizes", "1,2,4", "cudagraph_capture_sizes: expected a list of positive ints, got '1,2,4'"),
     ("cudagraph_capture_sizes", 8, "cudagraph_capture_sizes: expected a list of positive ints, got 8"),
     ("cudagraph_capture_sizes", [1, "2"], "cudagraph_capture_sizes: expected an int in 1..65536, got '2'"),
@@ -152,9 +155,18 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"level": 2, "cudagraph_mode": "piecewise"}, r"cudagraph_mode='piecewise' needs level=3.*got level=2"),
-        ({"level": 0, "cudagraph_mode": "piecewise"}, r"cudagraph_mode='piecewise' needs level=3.*got level=0"),
+        ({"level": 2, "cudagraph_mode": "piecewise"}, r"'piecewise' needs level=3.*or level=0.*got level=2"),
+        (
+            {"level": 1, "cudagraph_mode": "full_and_piecewise"},
+            r"cudagraph_mode='full_and_piecewise' needs level=3.*got level=1",
+        ),
         ({"cudagraph_capture_sizes": []}, r"cudagraph_capture_sizes is empty but cudagraph_mode='piecewise'"),
+        (
+            {"level": 0, "cudagraph_mode": "full_decode_only", "cudagraph_capture_sizes": []},
+            r"cudagraph_capture_sizes is empty but cudagraph_mode='full_decode_only'",
+        ),
+        ({"cudagraph_mode": "full"}, r"cudagraph_mode='full' would capture prefill and mixed.*'full_and_piecewise'"),
+        ({"level": 0, "splitting_ops": []}, r"splitting_ops only apply at level=3 .* or to breakable graphs.*level=0"),
         (
             {"use_inductor": False, "inductor_compile_config": {"max_autotune": True}},
             "inductor_compile_config is set but use_inductor=False",
@@ -186,8 +198,11 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
     ],
     ids=[
         "piecewise_at_level2",
-        "piecewise_at_level0",
+        "full_and_piecewise_at_level1",
         "piecewise_without_sizes",
+        "full_without_sizes",
+        "full_for_every_step",
+        "splitting_ops_at_level0_without_graphs",
         "inductor_config_with_inductor_off",
         "splitting_ops_at_level2",
         "splitting_ops_at_level1",
@@ -251,6 +266,30 @@ def test_explicit_sizes_are_deduplicated_and_sorted_and_set_the_maximum():
 def test_cudagraph_mode_defaults_to_piecewise_only_at_level_3():
     assert [CompilationConfig(level=level).cudagraph_mode for level in range(4)] == ["none"] * 3 + ["piecewise"]
     assert CompilationConfig(level=3, cudagraph_mode="none").cudagraph_mode == "none"
+
+
+@pytest.mark.parametrize(
+    "level, mode, piecewise, full, breakable",
+    [
+        (0, "none", False, False, False),
+        (0, "piecewise", True, False, True),
+        (0, "full_decode_only", False, True, False),
+        (0, "full_and_piecewise", True, True, True),
+        (1, "full_decode_only", False, True, False),
+        (2, "full_decode_only", False, True, False),
+        (3, "piecewise", True, False, False),
+        (3, "full_decode_only", False, True, False),
+        (3, "full_and_piecewise", True, True, False),
+    ],
+)
+def test_each_level_and_cudagraph_mode_says_which_graphs_it_keeps(level, mode, piecewise, full, breakable):
+    config = CompilationConfig(level=level, cudagraph_mode=mode)
+    assert (config.piecewise_graphs, config.full_graphs, config.breakable) == (piecewise, full, breakable)
+
+
+def test_breakable_graphs_take_splitting_ops_at_level_0():
+    config = CompilationConfig(level=0, cudagraph_mode="piecewise", splitting_ops=["reference::attention"])
+    assert config.splitting_ops == ("reference::attention",)
 
 
 def test_describe_round_trips_through_json():
@@ -351,6 +390,8 @@ def test_error_messages_cut_long_input():
         ({"backend": "inductor", "mode": 3, "level": 3}, {"use_inductor": True, "level": 3}),  # agreeing: fine
         ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "piecewise"}),
         ({"mode": 3, "cudagraph_mode": "NONE"}, {"level": 3, "cudagraph_mode": "none"}),
+        ({"cudagraph_mode": "FULL_AND_PIECEWISE"}, {"cudagraph_mode": "full_and_piecewise"}),
+        ({"mode": "NONE", "cudagraph_mode": "FULL_DECODE_ONLY"}, {"level": 0, "cudagraph_mode": "full_decode_only"}),
     ],
     ids=[
         "mode-3",
@@ -361,6 +402,8 @@ def test_error_messages_cut_long_input():
         "both-spellings-agree",
         "capital-piecewise",
         "capital-none",
+        "capital-full-and-piecewise",
+        "capital-full-decode-only",
     ],
 )
 def test_vllms_current_names_mean_the_seeds(vllm, seed):
@@ -375,7 +418,7 @@ def test_vllms_current_names_mean_the_seeds(vllm, seed):
         ({"mode": 4}, r"mode: expected 0-3 or one of \['NONE', 'STOCK_TORCH_COMPILE'"),
         ({"mode": True}, r"mode: expected 0-3"),
         ({"backend": "aot_eager"}, r"backend: expected one of \['inductor', 'eager'\], got 'aot_eager'"),
-        ({"cudagraph_mode": "FULL_AND_PIECEWISE"}, r"cudagraph_mode: 'FULL_AND_PIECEWISE' \(full CUDA graphs\) is not"),
+        ({"cudagraph_mode": "FULL"}, r"cudagraph_mode='full' would capture prefill and mixed steps too"),
     ],
     ids=["mode-vs-level", "backend-vs-use_inductor", "mode-out-of-range", "mode-bool", "unknown-backend", "full"],
 )

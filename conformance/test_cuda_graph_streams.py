@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.helpers import COMPILED_MODES
+from conformance.helpers import TRACED_MODES
 from reference.config import mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 
@@ -24,7 +24,7 @@ SPIN_CYCLES = 20_000_000  # about 10 ms at the H200's 1.98 GHz
 CALL_SIZES = [4, 4, 2, 2, 2, 4, 3]
 
 
-@pytest.mark.parametrize("mode", COMPILED_MODES)
+@pytest.mark.parametrize("mode", ("breakable", *TRACED_MODES))
 def test_each_call_sees_the_inputs_queued_before_it_on_the_current_stream(mode, impl):
     config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[2, 4])
     compiled = impl.compile(SillyModel(), config)

@@ -94,27 +94,29 @@ LLAMA_DEVICES = [
 
 
 @pytest.mark.eager
-@pytest.mark.no_inductor
 @pytest.mark.parametrize("device, dtype", LLAMA_DEVICES)
-def test_no_inductor_is_bitwise_equal_to_eager_with_the_same_custom_ops(device, dtype, impl):
+@pytest.mark.parametrize("mode", ["no_inductor", "breakable", "no_inductor_full"])
+def test_inductor_free_modes_are_bitwise_equal_to_eager_with_the_same_custom_ops(mode, device, dtype, impl):
     """Prefill (24 tokens) and decode (4 tokens) both run at capture sizes, so on CUDA every step replays
-    CUDA graphs; the second round, with other prompts, replays the same graphs on new input contents and
-    would expose a graph reading a buffer that was reallocated since capture."""
+    CUDA graphs (piecewise graphs or breakable segments for the prefill; for ``no_inductor_full`` a full
+    graph for each decode step); the second round, with other prompts, replays the same graphs on new input
+    contents and would expose a graph reading a buffer that was reallocated since capture, or a full graph
+    that kept one step's lengths."""
     hf = small_llama_config()
     runners = {
-        mode: make_runner(impl, mode, hf, device=device, dtype=dtype, max_cudagraph_capture_size=32)
-        for mode in ("eager", "no_inductor")
+        name: make_runner(impl, name, hf, device=device, dtype=dtype, max_cudagraph_capture_size=32)
+        for name in ("eager", mode)
     }
-    assert runners["no_inductor"].config.custom_ops == ("all",)
+    assert runners[mode].config.custom_ops == ("all",)
     assert runners["eager"].config.custom_ops_default  # eager: all custom ops by default, the same set
     for runner in runners.values():
         runner.warm_up()
     for round_, lengths in enumerate(([5, 7, 3, 9], [9, 3, 7, 5])):
         prompts = [token_ids(n, hf.vocab_size, seed=10 * round_ + i) for i, n in enumerate(lengths)]
-        assert sum(lengths) in runners["no_inductor"].capture_sizes or device == "cpu"
+        assert sum(lengths) in runners[mode].capture_sizes or device == "cpu"
         logits = prefill_and_decode(runners, prompts, num_decode=6, leader="eager")
-        for step, (eager, mode) in enumerate(zip(logits["eager"], logits["no_inductor"])):
-            assert torch.equal(mode, eager), f"round {round_} step {step}: max diff {(mode - eager).abs().max()}"
+        for step, (eager, ours) in enumerate(zip(logits["eager"], logits[mode])):
+            assert torch.equal(ours, eager), f"round {round_} step {step}: max diff {(ours - eager).abs().max()}"
 
 
 @pytest.mark.eager

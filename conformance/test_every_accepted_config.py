@@ -52,7 +52,9 @@ CONFIG_FIELDS = st.fixed_dictionaries(
         "splitting_ops": _optional(
             st.sampled_from([[], ["reference::attention"], ["reference::rms_norm"], ["foo::bar"]])
         ),
-        "cudagraph_mode": _optional(st.sampled_from(["none", "piecewise"])),
+        "cudagraph_mode": _optional(
+            st.sampled_from(["none", "piecewise", "full_decode_only", "full_and_piecewise", "FULL", "full"])
+        ),
         "cudagraph_capture_sizes": _optional(st.lists(st.integers(0, 20), max_size=4)),
         "cudagraph_num_of_warmups": _optional(st.integers(0, 2)),
     }
@@ -68,7 +70,9 @@ def _steps(lengths: list[int]) -> list[list[list[int]]]:
 
 
 @pytest.mark.eager
+@pytest.mark.breakable
 @pytest.mark.no_inductor
+@pytest.mark.no_inductor_full
 @settings(
     max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -25,6 +25,7 @@ from conformance.driver import run_steps
 from conformance.helpers import (
     COMPILED_MODES,
     DEVICES,
+    TRACED_MODES,
     StaticTokens,
     build_llama,
     small_llama_config,
@@ -75,7 +76,7 @@ def _check_silly(compiled, buffer: torch.Tensor, size: int) -> None:
 # ---------------------------------------------------------------------- silly model (level 3)
 @pytest.mark.requires("counters")
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", COMPILED_MODES)
+@pytest.mark.parametrize("mode", TRACED_MODES)
 def test_silly_model_splits_into_five_pieces_and_captures_three_per_size(mode, device, impl):
     config = mode_config(mode, splitting_ops=SILLY_SPLITTING_OPS, cudagraph_capture_sizes=[1, 2])
     compiled = impl.compile(SillyModel(), config)
@@ -138,7 +139,7 @@ def test_toy_llama_splits_at_each_attention(mode, num_layers, device, impl):
 
 @pytest.mark.requires("counters")
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", COMPILED_MODES)
+@pytest.mark.parametrize("mode", TRACED_MODES)
 def test_two_compiled_submodules_of_one_model_trace_and_capture_separately(mode, device, impl):
     """Each compiled submodule is its own Dynamo graph with its own pieces and graphs; chained, they
     compute the composition of their closed forms (the second reads the first's graph output)."""
@@ -333,6 +334,7 @@ def test_splitting_ops_absent_from_the_graph_are_reported(impl):
         impl.compile(SillyModel(), config)(torch.randn(4, 3))
 
 
+@pytest.mark.eager
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", COMPILED_MODES)
 def test_attention_left_inside_a_captured_piece_is_refused_or_runs_like_eager(mode, device, impl):

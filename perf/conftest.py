@@ -143,7 +143,7 @@ class PerfRun:
     """A warmed-up runner for one mode.
 
     Attributes:
-        mode: ``'eager'``, ``'no_inductor'`` or ``'inductor'``.
+        mode: a key of reference.config.MODES.
         runner: compiled, captured (CUDA, level 3) and ready; KV cache ``batch_size`` rows x
             ``input_len + 1`` tokens. None once the mode's tests are done.
         vocab_size: logits width.
@@ -214,6 +214,7 @@ def perf_run(request, perf_settings, base_model):
             "capture_s": stats.capture_s,
             "graph_gib": stats.graph_gib,
             "capture_sizes": list(stats.capture_sizes),
+            "full_capture_sizes": list(stats.full_capture_sizes),
         },
     )
     yield run

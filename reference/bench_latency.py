@@ -299,8 +299,11 @@ def _defining_fields(mode: str) -> str:
     """``mode`` and its values of ``MODE_DEFINING_FIELDS``, e.g. 'inductor: level 3, use_inductor=True'."""
     if "enforce_eager" in MODE_KWARGS[mode]:
         return f"{mode}: level 0"
-    fields = MODE_KWARGS[mode]["compilation_config"]
-    return f"{mode}: level {fields['level']}, use_inductor={fields['use_inductor']}"
+    config = mode_config(mode)
+    parts = [f"level {config.level}"] + ([f"use_inductor={config.use_inductor}"] if config.level else [])
+    if config.cudagraph_mode != CompilationConfig(level=config.level).cudagraph_mode:  # not the level's default
+        parts.append(f"cudagraph_mode={config.cudagraph_mode}")
+    return f"{mode}: {', '.join(parts)}"
 
 
 def _changes(overrides: dict[str, Any], mode: str, field: str) -> bool:

@@ -4,15 +4,32 @@ The compiled graph is traced once for every batch, so anything that changes shap
 to step (which tokens belong to which sequence, where their keys go in the KV cache) cannot be a graph
 input without forcing recompiles or breaking CUDA-graph replay. The runner puts it here, around one
 forward call; the attention op, which runs eagerly between CUDA graphs, reads it.
+
+The runner also says here which kind of CUDA graph the step is for (``cudagraph_runtime_mode``) and under
+which key (``batch_descriptor``); the full-graph wrapper reads both (vLLM's dispatcher does the same).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 _current: "ForwardContext | None" = None
+# vLLM's CUDAGraphMode values for one step: which graphs the step replays.
+RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
+
+
+class BatchDescriptor(NamedTuple):
+    """The key of a full CUDA graph: what about a step its graph was captured for.
+
+    Attributes:
+        num_tokens: the step's token count after padding (a capture size).
+        uniform_decode: every sequence adds exactly one token (a full graph's attention assumes it).
+    """
+
+    num_tokens: int
+    uniform_decode: bool
 
 
 @dataclass
@@ -22,10 +39,15 @@ class ForwardContext:
     Attributes:
         attn_metadata: the step's ``AttentionMetadata`` (None for models whose attention needs none).
         attention_layers: layer name -> attention layer (holds its KV cache), for the op's lookup.
+        cudagraph_runtime_mode: one of ``RUNTIME_MODES``, set by the runner's dispatch; None outside the
+            runner (a direct call of a compiled model), where no full graph is used.
+        batch_descriptor: the full graph's key when the mode is ``'FULL'``.
     """
 
     attn_metadata: Any = None
     attention_layers: dict[str, Any] = field(default_factory=dict)
+    cudagraph_runtime_mode: str | None = None
+    batch_descriptor: BatchDescriptor | None = None
 
 
 @contextlib.contextmanager
@@ -39,6 +61,11 @@ def set_forward_context(context: ForwardContext) -> Iterator[ForwardContext]:
         yield context
     finally:
         _current = None
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The active context, or None outside a forward step."""
+    return _current
 
 
 def get_forward_context() -> ForwardContext:

@@ -3,12 +3,12 @@ planted (see fault.py for what a fault is, run.py for how one is run).
 
 The faults live by what they break: compilation.py (compile, Dynamo capture, split, config), runner.py
 (runner and engine), ops.py (attention, custom ops, models), sampling.py, parallel.py (tensor parallelism),
-and cuda_graphs.py (those only a GPU shows).
+cuda_graphs.py (those only a GPU shows) and full_graphs.py (full and breakable graphs).
 """
 
 from __future__ import annotations
 
-from conformance.faults import compilation, cuda_graphs, ops, parallel, runner, sampling
+from conformance.faults import compilation, cuda_graphs, full_graphs, ops, parallel, runner, sampling
 from conformance.faults.fault import Fault, FaultImplementation
 
 FAULTS: list[Fault] = [
@@ -18,6 +18,7 @@ FAULTS: list[Fault] = [
     *sampling.FAULTS,
     *parallel.FAULTS,
     *cuda_graphs.FAULTS,
+    *full_graphs.FAULTS,
 ]
 
 

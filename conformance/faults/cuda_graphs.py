@@ -52,7 +52,7 @@ FAULTS = [
         "the pool while the step still needs them; the next piece's graph overwrites them before they are read "
         "(the bitwise comparisons with eager replay every step through such graphs)",
         plant=patches(mock.patch.object(CUDAGraphPiece, "_capture", _outputs_dropped_at_capture)),
-        tests="test_no_inductor_is_bitwise_equal_to_eager and cuda",
+        tests="bitwise_equal_to_eager and cuda",
         device="cuda",
         bug="https://github.com/pytorch/pytorch/issues/148439",
     ),
@@ -63,7 +63,7 @@ FAULTS = [
         "graph reads the addresses of the capture's buffers, holding old or freed data (every graph replay of "
         "the bitwise comparisons with eager then computes on stale tokens)",
         plant=patches(mock.patch.object(ModelRunner, "_run", _inputs_reallocated)),
-        tests="test_no_inductor_is_bitwise_equal_to_eager and cuda",
+        tests="bitwise_equal_to_eager and cuda",
         device="cuda",
         bug="https://github.com/vllm-project/vllm/pull/53915",
     ),

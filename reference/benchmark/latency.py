@@ -37,7 +37,7 @@ from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import kernel_backend
 
 # capture.py's warning for a piecewise config on a CPU
-NO_GRAPHS_WARNING = "cudagraph_mode='piecewise' but the model is not on a CUDA device"
+NO_GRAPHS_WARNING = r"CUDA graphs asked for \(cudagraph_mode="
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "capture_s": llm.startup.capture_s,
                     "graph_gib": llm.startup.graph_gib,
                     "capture_sizes": list(llm.startup.capture_sizes),
+                    "full_capture_sizes": list(llm.startup.full_capture_sizes),
                 },
                 "compilation_config": llm.config.describe(),
                 "custom_ops": llm.custom_ops,

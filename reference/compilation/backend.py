@@ -2,7 +2,8 @@
 
 ``torch.compile(fn, backend=PiecewiseBackend(config))`` hands us Dynamo's FX graph once. At level 3 we
 split it at ``config.splitting_ops`` (:mod:`.split`), compile every other piece for the symbolic token
-count (:mod:`.compile_piece`) and, with ``cudagraph_mode='piecewise'`` on CUDA, wrap each compiled piece
+count (:mod:`.compile_piece`) and, with piecewise graphs (``cudagraph_mode`` ``'piecewise'`` or
+``'full_and_piecewise'``) on CUDA, wrap each compiled piece
 in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces run eagerly, calling the op's registered
 Python function directly when it has one. At levels 1 and 2 the whole graph is compiled as one piece,
 without CUDA graphs.
@@ -136,7 +137,7 @@ class PiecewiseBackend:
         splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
         split, pieces = split_graph(gm, splitting_ops)
         compilation_counter.num_piecewise_graphs_seen += len(pieces)
-        use_graphs = self.config.cudagraph_mode == "piecewise" and _on_cuda(gm)
+        use_graphs = self.config.piecewise_graphs and _on_cuda(gm)
         if splitting_ops != () and not any(p.is_splitting_op for p in pieces):
             named = "ops tagged cudagraph_unsafe" if splitting_ops is None else list(splitting_ops)
             warnings.warn(
@@ -150,13 +151,13 @@ class PiecewiseBackend:
         capture_stream = torch.cuda.Stream() if use_graphs else None
         for piece in pieces:
             if piece.is_splitting_op:
-                if self.config.cudagraph_mode == "piecewise":  # on any device: the config asks for graphs
+                if self.config.piecewise_graphs:  # on any device: the config asks for graphs
                     _check_writes_into_buffers(piece)
                 direct = _direct_splitting_call(piece)
                 if direct is not None:
                     split.__dict__[piece.name] = direct
                 continue
-            if self.config.cudagraph_mode == "piecewise":  # on any device: the config asks for graphs
+            if self.config.piecewise_graphs:  # on any device: the config asks for graphs
                 _check_no_unsafe_op_captured(piece)
             compilation_counter.num_piecewise_capturable_graphs_seen += 1
             runnable = compile_piece(piece.module, self.config)

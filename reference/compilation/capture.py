@@ -4,13 +4,16 @@
 of ``forward`` has the token dimension first (``input_ids [T]``, ``positions [T]``, ``x [T, H]``) and
 the model returns tensors whose first dimension is T as well.
 
-* Level 0: the model itself.
+* Level 0: the model itself; with piecewise graphs, wrapped in breakable graphs (:mod:`.breakable`).
 * Level 1 ("Dynamo as is"): ``torch.compile`` with its usual guards; a new shape may recompile.
 * Levels 2 and 3 ("Dynamo once", "piecewise"): the first call marks dim 0 of every tensor argument
   dynamic, so one graph serves every token count, and Dynamo's guards are dropped, so later calls never
   re-trace (vLLM gets the same effect by bypassing Dynamo's dispatcher). Dropping the guards is safe for a
   model whose code and parameters do not change after the first call; we re-check the one thing a
   caller can plausibly get wrong, the arguments' dtype, device and non-token dimensions, on every call.
+
+With full graphs (``cudagraph_mode`` ``'full_decode_only'`` or ``'full_and_piecewise'``) the result is
+wrapped once more, at any level, in :class:`.full_graph.FullCUDAGraphs`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from reference.compilation.backend import PiecewiseBackend
+from reference.compilation.backend import PiecewiseBackend, check_splitting_ops_exist
+from reference.compilation.breakable import BreakableCUDAGraphs
+from reference.compilation.full_graph import FullCUDAGraphs
 from reference.config import CompilationConfig, ConfigError
 
 
@@ -58,6 +63,8 @@ class CompiledModel:
 
     Attributes:
         backend: the :class:`PiecewiseBackend` (None at level 0).
+        breakable: the :class:`BreakableCUDAGraphs` (level 0 with piecewise graphs), else None.
+        full_graphs: the :class:`FullCUDAGraphs` (with full graphs), else None.
     """
 
     def __init__(self, model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True):
@@ -65,9 +72,22 @@ class CompiledModel:
         self.config = config
         self.check_inputs = check_inputs
         self.backend = PiecewiseBackend(config) if config.level > 0 else None
+        self.breakable: BreakableCUDAGraphs | None = None
         self._signature = None
-        if config.level == 0:
-            self._forward: Callable = model
+        self._called = False
+        if config.breakable:
+            if config.splitting_ops:
+                check_splitting_ops_exist(config.splitting_ops)
+            self.breakable = BreakableCUDAGraphs(
+                model,
+                config.splitting_ops,
+                config.cudagraph_capture_sizes,
+                config.cudagraph_num_of_warmups,
+                config.debug_cudagraph_addresses,
+            )
+            self._forward: Callable = self.breakable
+        elif config.level == 0:
+            self._forward = model
         elif config.level == 1:
             self._forward = torch.compile(_own_forward(model), backend=self.backend, fullgraph=True)
         else:
@@ -78,6 +98,12 @@ class CompiledModel:
                 dynamic=False,  # only the dims we mark are dynamic
                 options={"guard_filter_fn": lambda guards: [False] * len(guards)},
             )
+        self.full_graphs: FullCUDAGraphs | None = None
+        if config.full_graphs:
+            self.full_graphs = FullCUDAGraphs(
+                self._forward, config.cudagraph_num_of_warmups, config.debug_cudagraph_addresses
+            )
+            self._forward = self.full_graphs
 
     @property
     def awaits_trace(self) -> bool:
@@ -85,6 +111,9 @@ class CompiledModel:
         return self.config.level >= 2 and self._signature is None
 
     def __call__(self, *args):
+        if not self._called:
+            self._called = True
+            self._warn_without_cuda(args)
         if self.config.level >= 2 and (self._signature is None or self.check_inputs):
             self._check_or_mark_dynamic(args)
         try:
@@ -113,12 +142,13 @@ class CompiledModel:
                     )
                 torch._dynamo.mark_dynamic(a, 0)
         self._signature = _signature(args)
-        if self.config.cudagraph_mode == "piecewise" and not any(
-            isinstance(a, torch.Tensor) and a.is_cuda for a in args
-        ):
+
+    def _warn_without_cuda(self, args) -> None:
+        if self.config.cudagraph_mode != "none" and not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             warnings.warn(
-                "cudagraph_mode='piecewise' but the model is not on a CUDA device: CUDA graphs exist only on "
-                "CUDA, so every piece runs compiled but without graphs",
+                f"CUDA graphs asked for (cudagraph_mode={self.config.cudagraph_mode!r}) but the model is not on a "
+                "CUDA device: CUDA graphs exist only on CUDA, so the model runs (compiled, if its level says so) "
+                "without graphs",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -23,7 +23,10 @@ class CompilationCounter:
         num_backend_compilations: pieces (or whole graphs) compiled, by either compiler.
         num_inductor_compiles: compilations done by Inductor.
         num_eager_compiles: compilations that kept the piece as eager FX code.
-        num_cudagraph_captured: CUDA graphs captured (one per capturable piece and capture size).
+        num_cudagraph_captured: piecewise CUDA graphs captured (one per capturable piece and capture size;
+            for breakable graphs one per segment and capture size).
+        num_full_cudagraph_captured: full CUDA graphs captured (one per decode batch descriptor).
+        num_full_cudagraph_replays: steps that replayed a full CUDA graph.
     """
 
     num_graphs_seen: int = 0
@@ -33,6 +36,8 @@ class CompilationCounter:
     num_inductor_compiles: int = 0
     num_eager_compiles: int = 0
     num_cudagraph_captured: int = 0
+    num_full_cudagraph_captured: int = 0
+    num_full_cudagraph_replays: int = 0
 
     def snapshot(self) -> "CompilationCounter":
         return dataclasses.replace(self)

@@ -22,13 +22,76 @@ this on every replay.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._pytree import tree_map
 
 from reference.compilation.counters import compilation_counter
+
+
+class _InsideFullGraph:
+    """Whether a full-graph step (its warm-up or capture) is running: inner graphs (pieces, breakable
+    segments) then run their code directly, so the full graph records kernels, never a nested replay."""
+
+    active = False
+
+
+@contextlib.contextmanager
+def inside_full_graph() -> Iterator[None]:
+    """Run the block as part of a full CUDA graph step (see :class:`_InsideFullGraph`)."""
+    _InsideFullGraph.active = True
+    try:
+        yield
+    finally:
+        _InsideFullGraph.active = False
+
+
+def in_full_graph() -> bool:
+    """True inside :func:`inside_full_graph`."""
+    return _InsideFullGraph.active
+
+
+def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") -> tuple["torch.cuda.CUDAGraph", Any]:
+    """Capture ``fn(*args)`` into a new graph in memory pool ``pool`` on side stream ``stream``, then
+    replay it once (capture only records kernels) so the returned output holds this call's values.
+
+    Returns:
+        The graph and ``fn``'s output (owning tensors, in pool memory).
+    """
+    graph = torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            output = fn(*args)
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    return graph, output
+
+
+def check_addresses(what: str, input_addresses: list[int | None], args) -> None:
+    """Raise if a tensor argument lives elsewhere than at capture (``input_addresses``, None for non-tensors).
+
+    Raises:
+        RuntimeError: naming ``what`` (graph and size), the argument and both addresses.
+    """
+    for i, (arg, old) in enumerate(zip(args, input_addresses)):
+        if old is not None and arg.data_ptr() != old:
+            raise RuntimeError(
+                f"CUDA graph of {what}: input {i} moved from {old:#x} to {arg.data_ptr():#x} since capture; the "
+                "graph would read stale memory. Feed model inputs from static buffers (the runner does) and do "
+                "not reassign parameters after capture."
+            )
+
+
+def addresses_of(args) -> list[int | None]:
+    """Each tensor argument's data pointer (None for other arguments), for :func:`check_addresses`."""
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
 
 
 def non_owning(tensor: Any) -> Any:
@@ -47,7 +110,9 @@ def non_owning(tensor: Any) -> Any:
 
 
 @dataclass
-class _Captured:
+class CapturedGraph:
+    """One captured graph, what it returns (non-owning views of pool memory) and where its inputs lived."""
+
     graph: "torch.cuda.CUDAGraph"
     output: Any  # non-owning views of the capture's outputs
     input_addresses: list[int | None]
@@ -87,10 +152,12 @@ class CUDAGraphPiece:
         self.pool = pool
         self.stream = stream
         self.debug_addresses = debug_addresses
-        self.captured: dict[int | None, _Captured] = {}
+        self.captured: dict[int | None, CapturedGraph] = {}
         self.warmups_done: dict[int | None, int] = {}
 
     def __call__(self, *args):
+        if _InsideFullGraph.active:  # a full graph records this piece's kernels itself
+            return self.runnable(*args)
         # the replay path: one dict lookup, then (outside debug mode) the replay itself
         size = args[self.size_args[0]] if self.size_args else None
         captured = self.captured.get(size)
@@ -112,26 +179,10 @@ class CUDAGraphPiece:
         return all(args[i] == size for i in self.size_args[1:])
 
     def _capture(self, size, args) -> Any:
-        graph = torch.cuda.CUDAGraph()
-        addresses = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=self.pool)
-            try:
-                output = self.runnable(*args)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(self.stream)
-        graph.replay()  # capture only recorded the kernels; run them so this call's output is real
-        self.captured[size] = _Captured(graph, tree_map(non_owning, output), addresses)
+        graph, output = capture_graph(self.runnable, args, self.pool, self.stream)
+        self.captured[size] = CapturedGraph(graph, tree_map(non_owning, output), addresses_of(args))
         compilation_counter.num_cudagraph_captured += 1
         return output
 
-    def _check_addresses(self, captured: _Captured, size, args) -> None:
-        for i, (arg, old) in enumerate(zip(args, captured.input_addresses)):
-            if old is not None and arg.data_ptr() != old:
-                raise RuntimeError(
-                    f"CUDA graph of piece {self.name} at size {size}: input {i} moved from {old:#x} to "
-                    f"{arg.data_ptr():#x} since capture; the graph would read stale memory. Feed model inputs "
-                    "from static buffers (the runner does) and do not reassign parameters after capture."
-                )
+    def _check_addresses(self, captured: CapturedGraph, size, args) -> None:
+        check_addresses(f"piece {self.name} at size {size}", captured.input_addresses, args)

@@ -11,10 +11,11 @@ from reference.config.compilation import (
     CompilationConfig,
     default_capture_sizes,
 )
-from reference.config.modes import MODES, mode_config
+from reference.config.modes import BASE_MODE, MODES, mode_config, mode_of
 from reference.config.parsing import ConfigError, config_fields, echo, parse_config_text
 
 __all__ = [
+    "BASE_MODE",
     "CUDAGRAPH_MODES",
     "DEFAULT_MAX_CAPTURE_SIZE",
     "LEVELS",
@@ -25,5 +26,6 @@ __all__ = [
     "default_capture_sizes",
     "echo",
     "mode_config",
+    "mode_of",
     "parse_config_text",
 ]

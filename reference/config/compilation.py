@@ -8,8 +8,9 @@ are strict, on purpose:
   values. vLLM accepts unknown keys in some versions and clips contradictory settings silently.
 * Defaults that depend on other fields (``cudagraph_mode``, the custom-op default) are resolved here,
   once, and shown by ``describe()``, instead of being patched later by whichever component runs first.
-* Combinations that cannot mean what the user wrote (CUDA graphs without the piecewise backend, an
-  Inductor config with Inductor off, capture sizes that disagree with their maximum) are errors.
+* Combinations that cannot mean what the user wrote (piecewise graphs of a whole-graph compile, an
+  Inductor config with Inductor off, capture sizes that disagree with their maximum, full graphs of steps
+  our attention cannot run inside a graph) are errors, where vLLM downgrades them with a log line.
 
 This module knows nothing of ops or models. Which names in ``custom_ops`` and ``splitting_ops`` exist
 is checked where the names meet the ops: ``CustomOpSelection`` (reference.ops) for custom ops, the
@@ -39,7 +40,10 @@ LEVELS = {
     2: "Dynamo once: one trace with a dynamic token dimension, guards dropped, whole graph",
     3: "piecewise: one trace, split at splitting ops, pieces compiled and captured as CUDA graphs",
 }
-CUDAGRAPH_MODES = ("none", "piecewise")
+# vLLM's CUDAGraphMode names, in lower case (vLLM's capitals are read as these, see vllm_names).
+CUDAGRAPH_MODES = ("none", "piecewise", "full_decode_only", "full_and_piecewise")
+PIECEWISE_GRAPH_MODES = ("piecewise", "full_and_piecewise")
+FULL_GRAPH_MODES = ("full_decode_only", "full_and_piecewise")
 # vLLM's largest default capture size (tokens).
 DEFAULT_MAX_CAPTURE_SIZE = 512
 # Largest allowed capture size (tokens): far above any single-GPU step; the bound only stops a typo from
@@ -79,12 +83,28 @@ class CompilationConfig:
       compile the model (level 0, or ``use_inductor=False``) and *none* when it does, since Inductor fuses
       the native code itself.
     * ``splitting_ops`` [None]: qualified torch.library op names (``ns::name``) at which the graph is
-      split; these run eagerly between CUDA graphs. ``None`` (vLLM's default spelling) splits at every op
-      tagged ``torch.Tag.cudagraph_unsafe``: the project declares its KV-cache attention op so where it
-      defines it. ``[]`` keeps one whole graph.
-    * ``cudagraph_mode`` ['piecewise' at level 3, else 'none']: ``'none'`` or ``'piecewise'``.
+      split (level 3) or the breakable capture is broken (level 0); these run eagerly between CUDA
+      graphs. ``None`` (vLLM's default spelling) splits at every op tagged ``torch.Tag.cudagraph_unsafe``:
+      the project declares its KV-cache attention op so where it defines it. ``[]`` keeps one whole graph.
+    * ``cudagraph_mode`` ['piecewise' at level 3, else 'none'] (vLLM's ``CUDAGraphMode``):
+
+      - ``'none'``: no CUDA graphs.
+      - ``'piecewise'``: every step of a capture size replays one graph per piece, attention runs
+        eagerly between them. At level 3 the pieces are the split Dynamo graph; at level 0 they are
+        *breakable* graphs: the eager model's kernels, captured into segments broken at the splitting
+        ops (no trace, no compile). Levels 1-2 compile one whole graph and cannot be piecewise.
+      - ``'full_decode_only'``: a uniform decode step (one new token per sequence) of a capture size
+        replays one graph of the whole forward, attention included; attention then reads its per-step
+        metadata from static device buffers. Other steps run without graphs. Any level.
+      - ``'full_and_piecewise'``: full graphs for uniform decode steps, piecewise for the rest (vLLM's
+        current default). Level 3 or level 0 (breakable pieces).
+
+      vLLM's ``'FULL'`` (full graphs for prefill and mixed steps too) is refused: this project's
+      attention runs inside a graph only for uniform decode steps (its prefill path reads host lengths),
+      and vLLM too falls back to one of the two above for such attention backends, with only a log line.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
-      counts that get a CUDA graph; deduplicated and sorted.
+      counts that get a CUDA graph; deduplicated and sorted. Full decode graphs are captured at the sizes
+      a decode step can have (at most the runner's ``max_num_seqs``).
     * ``max_cudagraph_capture_size`` [512]: largest captured token count (vLLM's default maximum).
     * ``cudagraph_num_of_warmups`` [1]: eager runs of a piece at a size before that size is captured, so
       lazy initialisation (cuBLAS handles, autotuning) happens outside the graph.
@@ -124,6 +144,12 @@ class CompilationConfig:
             _validate_splitting_op_names(self.splitting_ops)
         if self.cudagraph_mode is None:
             set_(self, "cudagraph_mode", "piecewise" if self.level == 3 else "none")
+        if self.cudagraph_mode == "full":
+            raise ConfigError(
+                "cudagraph_mode='full' would capture prefill and mixed steps too, but this project's attention "
+                "runs inside a graph only for uniform decode steps; use 'full_and_piecewise' (vLLM's default) "
+                "or 'full_decode_only'"
+            )
         check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
         check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
         self._resolve_capture_sizes()
@@ -160,25 +186,43 @@ class CompilationConfig:
         object.__setattr__(self, "max_cudagraph_capture_size", max(sizes) if sizes else 0)
 
     def _check_contradictions(self) -> None:
-        if self.cudagraph_mode == "piecewise" and self.level != 3:
+        mode = self.cudagraph_mode
+        if self.piecewise_graphs and self.level not in (0, 3):
             raise ConfigError(
-                f"cudagraph_mode='piecewise' needs level=3 (the piecewise backend), got level={self.level}; "
-                "use level=3 or cudagraph_mode='none'"
+                f"cudagraph_mode={mode!r} needs level=3 (the piecewise backend) or level=0 (breakable graphs of "
+                f"the eager model), got level={self.level}, which compiles one whole graph; use level 0 or 3, or "
+                "cudagraph_mode='none' or 'full_decode_only'"
             )
-        if self.cudagraph_mode == "piecewise" and not self.cudagraph_capture_sizes:
+        if mode != "none" and not self.cudagraph_capture_sizes:
             raise ConfigError(
-                "cudagraph_capture_sizes is empty but cudagraph_mode='piecewise'; "
+                f"cudagraph_capture_sizes is empty but cudagraph_mode={mode!r}; "
                 "give at least one size or set cudagraph_mode='none'"
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
-        if self.level != 3 and self.splitting_ops is not None:
+        if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
-                f"splitting_ops only apply at level=3 (piecewise), got level={self.level}; "
-                "remove splitting_ops or use level=3"
+                "splitting_ops only apply at level=3 (piecewise) or to breakable graphs (level=0 with cudagraph_mode "
+                f"'piecewise' or 'full_and_piecewise'), got level={self.level}, cudagraph_mode={mode!r}; remove "
+                "splitting_ops or use one of those"
             )
 
     # ------------------------------------------------------------------ derived settings
+    @property
+    def piecewise_graphs(self) -> bool:
+        """True when steps that are not full-graph steps replay piecewise graphs."""
+        return self.cudagraph_mode in PIECEWISE_GRAPH_MODES
+
+    @property
+    def full_graphs(self) -> bool:
+        """True when uniform decode steps replay one graph of the whole forward."""
+        return self.cudagraph_mode in FULL_GRAPH_MODES
+
+    @property
+    def breakable(self) -> bool:
+        """True for breakable piecewise graphs: level 0 (no trace) with piecewise graphs."""
+        return self.level == 0 and self.piecewise_graphs
+
     @property
     def inductor_compiles_model(self) -> bool:
         """True when Inductor generates the model's code (level >= 1 and ``use_inductor``)."""

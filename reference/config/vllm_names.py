@@ -1,9 +1,9 @@
 """vLLM's current spellings of three fields, read as this project's (the seed's) names.
 
 vLLM renamed ``level`` to ``mode`` (values 0-3 or their names), replaced ``use_inductor`` with ``backend``
-(``'inductor'`` or ``'eager'``), and spells ``cudagraph_mode`` in capitals. A config dict may use either
-spelling; two spellings of one field that disagree are an error naming both, where vLLM lets the newer
-one win without a word.
+(``'inductor'`` or ``'eager'``), and spells ``cudagraph_mode`` in capitals (``'FULL_AND_PIECEWISE'``). A
+config dict may use either spelling; two spellings of one field that disagree are an error naming both,
+where vLLM lets the newer one win without a word.
 """
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ from reference.config.parsing import ConfigError, echo
 
 MODE_NAMES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
 BACKENDS = {"inductor": True, "eager": False}
-CUDAGRAPH_MODE_NAMES = {"NONE": "none", "PIECEWISE": "piecewise"}
-NOT_YET = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # full graphs: not implemented yet
+CUDAGRAPH_MODE_NAMES = {
+    "NONE": "none",
+    "PIECEWISE": "piecewise",
+    "FULL": "full",  # refused by CompilationConfig, with the reason
+    "FULL_DECODE_ONLY": "full_decode_only",
+    "FULL_AND_PIECEWISE": "full_and_piecewise",
+}
 
 
 def _mode_level(value: Any) -> int:
@@ -41,8 +46,7 @@ def translate(fields: dict[str, Any]) -> dict[str, Any]:
     ``cudagraph_mode`` into the lower-case names; a new dict.
 
     Raises:
-        ConfigError: a bad value, two spellings that disagree, or a full-graph ``cudagraph_mode``
-            (not implemented yet).
+        ConfigError: a bad value or two spellings that disagree.
     """
     fields = dict(fields)
     if "mode" in fields:
@@ -54,10 +58,6 @@ def translate(fields: dict[str, Any]) -> dict[str, Any]:
         _merge(fields, "backend", "use_inductor", BACKENDS[fields["backend"]])
         del fields["backend"]
     graph_mode = fields.get("cudagraph_mode")
-    if graph_mode in NOT_YET:
-        raise ConfigError(
-            f"cudagraph_mode: {graph_mode!r} (full CUDA graphs) is not implemented yet; use 'PIECEWISE' or 'NONE'"
-        )
     if isinstance(graph_mode, str) and graph_mode in CUDAGRAPH_MODE_NAMES:
         fields["cudagraph_mode"] = CUDAGRAPH_MODE_NAMES[graph_mode]
     return fields

@@ -162,7 +162,8 @@ class LLM:
                 max_model_len=self.max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens,
             )
-            stages.total += len(self.runner.capture_sizes) if self.runner.use_cuda_graphs else 0
+            if self.runner.use_cuda_graphs:
+                stages.total += len(self.runner.capture_sizes) + len(self.runner.full_sizes)
             self.startup: StartupStats = self.runner.warm_up(progress=report)
             report("ready")
 

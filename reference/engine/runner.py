@@ -4,11 +4,19 @@ The runner is the only caller of the compiled model, and it keeps the promises C
 
 * Model inputs (``input_ids``, ``positions``) are slices of buffers allocated once, so their addresses
   never change between capture and replay.
-* A step of ``n`` tokens runs at the smallest capture size ``T >= n`` (padding rows ``n..T`` hold stale
+* Dispatch (vLLM's ``CudagraphDispatcher``): a uniform decode step (one new token per sequence) of at
+  most the largest full size replays a full graph (``cudagraph_mode`` ``'full_decode_only'`` or
+  ``'full_and_piecewise'``); other steps of at most the largest capture size replay piecewise graphs
+  (``'piecewise'``, ``'full_and_piecewise'``); the rest run without graphs. The forward context carries the
+  choice (``cudagraph_runtime_mode``) and the full graph's key (``batch_descriptor``); ``last_dispatch``
+  and ``dispatch_counts`` record it per step.
+* A step of ``n`` tokens runs at the smallest size ``T >= n`` of its kind (padding rows ``n..T`` hold stale
   but valid token ids and positions); attention ignores padding rows, and only the real rows are read
-  back. Steps larger than the largest capture size run at their own size, without graphs. Steps are
-  padded whenever ``cudagraph_mode`` is piecewise, on a CPU too (where nothing is captured), so every
-  device runs the same shapes and a padding fault shows on any of them.
+  back. Steps are padded on a CPU too (where nothing is captured), so every device runs the same shapes
+  and a padding fault shows on any of them.
+* A full graph replays attention too, so its metadata cannot be fresh tensors: each sequence's length and
+  cache row are copied into one static buffer, padded with length 0 (attention skips such rows), before
+  every full-graph step.
 * The model's output aliases graph memory; the runner gathers the rows it needs into a fresh tensor
   before the next step can overwrite it.
 """
@@ -16,6 +24,8 @@ The runner is the only caller of the compiled model, and it keeps the promises C
 from __future__ import annotations
 
 import bisect
+import collections
+import dataclasses
 import itertools
 import time
 import warnings
@@ -26,10 +36,11 @@ import torch
 from torch import nn
 
 from reference.compilation import compile_model
-from reference.config import CompilationConfig
-from reference.forward_context import ForwardContext, set_forward_context
+from reference.config import CompilationConfig, ConfigError
+from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
 from reference.ops.attention_metadata import int_lists_to_device
+from reference.ops.library import HAS_TRITON, TRITON_DTYPES
 
 
 @dataclass
@@ -39,14 +50,33 @@ class StartupStats:
     Attributes:
         compile_s: first forward call (Dynamo trace, splitting, piece compilation), seconds.
         capture_s: warm-up runs and CUDA-graph capture of every capture size, seconds.
-        graph_gib: device memory taken by graph capture (free memory before minus after), GiB.
-        capture_sizes: the sizes captured, largest first.
+        graph_gib: device memory taken by graph capture, piecewise and full (free memory before minus
+            after), GiB.
+        capture_sizes: the piecewise sizes captured, largest first.
+        full_capture_sizes: the full-graph (decode) sizes captured, largest first.
     """
 
     compile_s: float = 0.0
     capture_s: float = 0.0
     graph_gib: float = 0.0
     capture_sizes: tuple[int, ...] = ()
+    full_capture_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepDispatch:
+    """Which graphs one step was sent to.
+
+    Attributes:
+        num_tokens: the step's real tokens.
+        runtime_mode: ``'FULL'``, ``'PIECEWISE'`` or ``'NONE'`` (dispatched, on a CPU too, where nothing
+            is captured; ``compilation_counter.num_full_cudagraph_replays`` says what replayed).
+        descriptor: the padded token count and whether the step is a uniform decode.
+    """
+
+    num_tokens: int
+    runtime_mode: str
+    descriptor: BatchDescriptor
 
 
 class ModelRunner:
@@ -67,8 +97,15 @@ class ModelRunner:
             (the conformance suite passes other implementations' here). A callable with an
             ``awaits_trace`` attribute (True until its first call) gets a first call of at least 2 tokens.
 
+    Attributes:
+        capture_sizes: the piecewise sizes (capture sizes up to ``max_num_batched_tokens``).
+        full_sizes: the full-graph sizes (capture sizes up to ``max_num_seqs``: a decode step's tokens).
+        last_dispatch: the last step's :class:`StepDispatch`; ``dispatch_counts``: steps per runtime mode.
+
     Raises:
-        ValueError: a size is not positive.
+        ValueError: a size is not positive, or no capture size fits the steps.
+        ConfigError: full graphs with no capture size a decode step can have, or on CUDA for a dtype
+            without the Triton decode kernel (the torch path reads host lengths a graph would freeze).
     """
 
     def __init__(
@@ -103,9 +140,10 @@ class ModelRunner:
         buffer_len = max(self.max_num_tokens, 2)
         self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
-        self.use_cuda_graphs = config.cudagraph_mode == "piecewise" and self.device.type == "cuda"
-        sizes = config.cudagraph_capture_sizes if config.cudagraph_mode == "piecewise" else ()
+        self.use_cuda_graphs = config.cudagraph_mode != "none" and self.device.type == "cuda"
+        sizes = config.cudagraph_capture_sizes if config.piecewise_graphs else ()
         self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
+        self.full_sizes = self._full_sizes(config)
         skipped = [s for s in sizes if s > self.max_num_tokens]
         if skipped and not self.capture_sizes:
             raise ValueError(
@@ -119,13 +157,44 @@ class ModelRunner:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        # per-step lengths (row 0) and cache rows (row 1) that full graphs read; padding has length 0
+        self.full_metadata = None
+        if self.full_sizes:
+            self.full_metadata = torch.zeros(2, max_num_seqs, dtype=torch.int64, device=self.device)
         self.startup = StartupStats()
+        self.last_dispatch: StepDispatch | None = None
+        self.dispatch_counts: collections.Counter[str] = collections.Counter()
+
+    def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:
+        if not config.full_graphs:
+            return ()
+        sizes = tuple(s for s in config.cudagraph_capture_sizes if s <= min(self.max_num_seqs, self.max_num_tokens))
+        if not sizes:
+            raise ConfigError(
+                f"cudagraph_mode={config.cudagraph_mode!r}: no capture size fits a decode step (at most max_num_seqs="
+                f"{self.max_num_seqs} tokens), so no full graph could be used; add smaller sizes"
+            )
+        if self.device.type == "cuda" and not (HAS_TRITON and self.dtype in TRITON_DTYPES):
+            raise ConfigError(
+                f"cudagraph_mode={config.cudagraph_mode!r}: full graphs need the Triton decode attention "
+                f"({', '.join(str(d) for d in TRITON_DTYPES)} on CUDA), got {self.dtype}; "
+                "use 'piecewise' for this dtype"
+            )
+        return sizes
 
     # ------------------------------------------------------------------ one step
     def padded_size(self, num_tokens: int) -> int:
-        """The token count the step runs at: the smallest capture size >= ``num_tokens``, else itself."""
+        """The token count a piecewise step runs at: the smallest capture size >= ``num_tokens``, else itself."""
         i = bisect.bisect_left(self.capture_sizes, num_tokens)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else num_tokens
+
+    def dispatch(self, num_tokens: int, uniform_decode: bool) -> StepDispatch:
+        """Which graphs a step of ``num_tokens`` tokens replays, and the size it is padded to (module doc)."""
+        if uniform_decode and self.full_sizes and num_tokens <= self.full_sizes[-1]:
+            size = self.full_sizes[bisect.bisect_left(self.full_sizes, num_tokens)]
+            return StepDispatch(num_tokens, "FULL", BatchDescriptor(size, True))
+        mode = "PIECEWISE" if self.capture_sizes and num_tokens <= self.capture_sizes[-1] else "NONE"
+        return StepDispatch(num_tokens, mode, BatchDescriptor(self.padded_size(num_tokens), uniform_decode))
 
     @torch.inference_mode()
     def step(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
@@ -173,30 +242,52 @@ class ModelRunner:
         positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]
         slots = AttentionMetadata.slot_mapping_list(query_lens, seq_lens, rows, self.max_model_len)
         last_rows = [end - 1 for end in itertools.accumulate(query_lens)]
+        dispatch = self.dispatch(n, uniform_decode=all(q == 1 for q in query_lens))
+        size = dispatch.descriptor.num_tokens
+        full = dispatch.runtime_mode == "FULL"
+        if full:  # lengths and rows padded to the graph's size, into the static buffer below
+            padding = [0] * (size - len(rows))
+            per_seq = [seq_lens + padding + rows + padding]
+        else:
+            per_seq = [seq_lens, rows]
         # one pinned staging buffer, one non-blocking copy per step
-        *attention_lists, staged_ids, staged_positions, last_rows_tensor = int_lists_to_device(
-            [slots, seq_lens, rows, ids, positions, last_rows], self.device
+        slot_mapping, *per_seq_tensors, staged_ids, staged_positions, last_rows_tensor = int_lists_to_device(
+            [slots, *per_seq, ids, positions, last_rows], self.device
         )
-        metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, *attention_lists)
+        if full:
+            per_seq_tensors = self._into_static_metadata(per_seq_tensors[0], size)
+        metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, slot_mapping, *per_seq_tensors)
         self.input_ids[:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
-        size = self.padded_size(n)
         if getattr(self.compiled, "awaits_trace", False):
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
-        with set_forward_context(ForwardContext(metadata, self.attention_layers)):
+            if full:  # the tracing call compiles; no full graph is kept of it
+                dispatch = dataclasses.replace(dispatch, runtime_mode="NONE")
+        context = ForwardContext(metadata, self.attention_layers, dispatch.runtime_mode, dispatch.descriptor)
+        with set_forward_context(context):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
+        self.last_dispatch = dispatch
+        self.dispatch_counts[dispatch.runtime_mode] += 1
         return hidden[:n], last_rows_tensor
+
+    def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
+        """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the
+        static buffer a full graph reads; returns the two views ([size] each) the metadata holds."""
+        self.full_metadata[:, :size].copy_(staged.view(2, size))
+        return [self.full_metadata[0, :size], self.full_metadata[1, :size]]
 
     # ------------------------------------------------------------------ start-up
     @torch.inference_mode()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> StartupStats:
-        """Compile (first call) and, on CUDA, capture every capture size, largest first; returns the costs.
+        """Compile (first call) and, on CUDA, capture every piecewise size (but 1 when full graphs serve
+        it), then every full-graph size, largest first; returns the costs.
 
         Capturing the largest size first lets smaller sizes reuse its pool memory.
 
         Args:
             progress: called with the name of each stage as it starts: ``'compile'``, then
-                ``'capture <size>'`` per capture size (for progress bars).
+                ``'capture <size>'`` per piecewise size and ``'capture full <size>'`` per full size (for
+                progress bars).
         """
         report = progress or (lambda stage: None)
         first = max(self.capture_sizes, default=min(self.max_num_tokens, max(2, self.max_num_seqs)))
@@ -205,17 +296,24 @@ class ModelRunner:
         self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
         self._sync()
         self.startup.compile_s = time.perf_counter() - start
-        if self.use_cuda_graphs and self.capture_sizes:
+        # a 1-token step is a uniform decode: with a full graph of size 1 no step needs piecewise size 1
+        piecewise = [s for s in self.capture_sizes if not (s == 1 and self.full_sizes)]
+        if self.use_cuda_graphs and (piecewise or self.full_sizes):
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
-            for size in sorted(self.capture_sizes, reverse=True):
+            for size in sorted(piecewise, reverse=True):
                 report(f"capture {size}")
                 for _ in range(self.config.cudagraph_num_of_warmups + 1):
                     self._dummy_step(size)
+            for size in sorted(self.full_sizes, reverse=True):
+                report(f"capture full {size}")
+                for _ in range(self.config.cudagraph_num_of_warmups + 1):
+                    self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
-            self.startup.capture_sizes = tuple(sorted(self.capture_sizes, reverse=True))
+            self.startup.capture_sizes = tuple(sorted(piecewise, reverse=True))
+            self.startup.full_capture_sizes = tuple(sorted(self.full_sizes, reverse=True))
         return self.startup
 
     def _dummy_step(self, num_tokens: int) -> None:

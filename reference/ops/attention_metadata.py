@@ -26,8 +26,10 @@ class AttentionMetadata:
         seq_lens: tokens per sequence in the cache after this step (context + new).
         rows: KV-cache row of each sequence.
         slot_mapping: [num_actual_tokens] int64 on the model's device; flat ``row * max_model_len + pos``.
-        seq_lens_tensor: [num_seqs] int64 on the device.
-        rows_tensor: [num_seqs] int64 on the device.
+        seq_lens_tensor: [>= num_seqs] int64 on the device. For a full-graph step it is a view of the
+            runner's static buffer, padded to the graph's size with length 0: an entry of length 0 is
+            padding, which attention neither reads nor writes.
+        rows_tensor: [like seq_lens_tensor] int64 on the device (padding entries hold row 0).
         is_decode: every sequence adds exactly one token.
         rows_index: ``rows`` as a slice when they are consecutive (cache views instead of gathers).
     """
@@ -109,7 +111,7 @@ class AttentionMetadata:
             mask = None
             if needs_mask:
                 kpos = torch.arange(max_len, device=device)[None, :]  # [1, L]
-                lens = self.seq_lens_tensor[:, None]  # [B, 1]
+                lens = self.seq_lens_tensor[: len(self.seq_lens), None]  # [B, 1], without a full graph's padding
                 mask = kpos < lens
                 if sliding_window is not None:
                     mask &= kpos > lens - 1 - sliding_window

@@ -11,7 +11,8 @@ Kernels:
 * ``rotary``: neox RoPE of q and k in one launch, one program per token.
 * ``decode_attention``: for one new token per sequence, writes its key/value into the KV cache and
   attends over the cached context, one program per (sequence, KV head) handling the KV head's whole
-  query group, with an online softmax over key blocks (Milakov & Gimelshein, "Online normalizer
+  query group (a sequence of length 0 is a full graph's padding: nothing is written to its cache row and
+  its output is 0), with an online softmax over key blocks (Milakov & Gimelshein, "Online normalizer
   calculation for softmax", 2018; the same recurrence as FlashAttention, Dao et al. 2022).
 """
 
@@ -148,11 +149,12 @@ def _decode_attention_kernel(
     k_cache = cache_ptr + row * c_row + kvh * c_head
     v_cache = k_cache + c_kv
 
-    # 1. append this step's key and value at position seq_len - 1
+    # 1. append this step's key and value at position seq_len - 1 (none for padding, seq_len 0)
+    real = (d < D) & (seq_len > 0)
     new_k = tl.load(k_ptr + seq * k_stride + kvh * D + d)
     new_v = tl.load(v_ptr + seq * v_stride + kvh * D + d)
-    tl.store(k_cache + (seq_len - 1) * c_pos + d, new_k)
-    tl.store(v_cache + (seq_len - 1) * c_pos + d, new_v)
+    tl.store(k_cache + (seq_len - 1) * c_pos + d, new_k, mask=real)
+    tl.store(v_cache + (seq_len - 1) * c_pos + d, new_v, mask=real)
     tl.debug_barrier()  # make the stores visible to the whole program before reading the cache
 
     # 2. attend: the GROUP query heads of this KV head are the rows of one tile
@@ -186,7 +188,7 @@ def _decode_attention_kernel(
         acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # l_i is 0 only for padding
     tl.store(
         out_ptr + seq * out_stride + (kvh * GROUP + g[:, None]) * D + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -209,8 +211,9 @@ def decode_attention(
     """One decode token per sequence: write k, v into the cache, attention into ``out``.
 
     q, out: [>= B, Hq * D]; k, v: [>= B, Hkv * D] (rows may be strided views; last dim contiguous);
-    kv_cache: [2, R, L, Hkv, D]; rows, seq_lens: [B] int64 (length after this step). Only the first B
-    rows of q/k/v/out are used (the rest is CUDA-graph padding).
+    kv_cache: [2, R, L, Hkv, D]; rows, seq_lens: [B] int64 (length after this step; 0 marks a padding
+    entry, whose output row is 0). Only the first B rows of q/k/v/out are used (the rest is CUDA-graph
+    padding).
     """
     b = rows.shape[0]
     _, _, _, kv_heads, d = kv_cache.shape

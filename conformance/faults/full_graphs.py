@@ -1,0 +1,81 @@
+"""Faults of full CUDA graphs and breakable graphs: the graph kinds that capture more than the pieces between
+splitting ops (issue: full decode graphs, piecewise graphs without Dynamo).
+
+A dispatch fault shows on a CPU (the runner records what it dispatched there too); the others only where
+something is captured, so they run with the gpu-marked tests.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from conformance.faults.fault import Fault, patches
+from reference.compilation.breakable import _BreakAtSplittingOps
+from reference.compilation.full_graph import FullCUDAGraphs
+from reference.engine.runner import ModelRunner
+from reference.forward_context import BatchDescriptor
+
+_real_dispatch = ModelRunner.dispatch
+_real_full_capture = FullCUDAGraphs._capture
+
+
+def _fresh_metadata(self, staged, size):
+    """A full step's lengths and rows stay in the step's own staging tensor, so the graph keeps reading the
+    tensor of the step it was captured at (freed since, or reused)."""
+    return list(staged.view(2, size))
+
+
+def _every_small_step_is_decode(self, num_tokens, uniform_decode):
+    """Dispatch looks at the token count alone: a prefill of a decode size replays a decode graph."""
+    return _real_dispatch(self, num_tokens, True)
+
+
+def _captured_under_the_real_size(self, key, args):
+    """Capture files a graph under the step's unpadded kind (``uniform_decode=False``) while lookup asks for
+    the dispatched key, so no full graph is ever replayed: every decode step captures anew."""
+    return _real_full_capture(self, BatchDescriptor(key.num_tokens, False), args)
+
+
+def _no_break(self, func, types, args=(), kwargs=None):
+    """The breakable capture's watcher lets every op through, attention included: one segment per size, with
+    attention recorded for the lengths and slots of the capture step."""
+    return func(*args, **(kwargs or {}))
+
+
+FAULTS = [
+    Fault(
+        id="full-graph-metadata-captured-as-constants",
+        kind="runner",
+        description="a full decode step's sequence lengths and cache rows are fresh device tensors instead of the "
+        "runner's static buffer, so every replay attends with the lengths and rows of the capture step",
+        plant=patches(mock.patch.object(ModelRunner, "_into_static_metadata", _fresh_metadata)),
+        tests="test_full_decode_at_a_capture_size_is_bitwise and cuda",
+        device="cuda",
+    ),
+    Fault(
+        id="prefill-dispatched-to-a-decode-graph",
+        kind="runner",
+        description="the dispatcher treats every step of at most the largest decode size as a uniform decode, so "
+        "a short prefill replays a decode graph (one query per sequence) and skips most of its tokens",
+        plant=patches(mock.patch.object(ModelRunner, "dispatch", _every_small_step_is_decode)),
+        tests="test_uniform_decode_steps_go_to_full_graphs",
+    ),
+    Fault(
+        id="full-graph-keys-differ",
+        kind="capture",
+        description="full graphs are captured under one key and looked up under another, so they are never "
+        "replayed: each decode step captures again and runs at warm-up speed",
+        plant=patches(mock.patch.object(FullCUDAGraphs, "_capture", _captured_under_the_real_size)),
+        tests="test_decode_steps_replay_the_full_graphs",
+        device="cuda",
+    ),
+    Fault(
+        id="breakable-capture-without-a-break-at-attention",
+        kind="capture",
+        description="breakable graphs do not break at the attention op, so each size is one segment and every "
+        "replay attends with the lengths and cache slots of the capture step",
+        plant=patches(mock.patch.object(_BreakAtSplittingOps, "__torch_dispatch__", _no_break)),
+        tests="bitwise_equal_to_eager and breakable and cuda",
+        device="cuda",
+    ),
+]
