@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
 STEP_OLD = ROOT / "perf/results/step-llama-3.1-8b-decode-old-20261201.json"
 STEP_NEW = ROOT / "perf/results/step-llama-3.1-8b-decode-new-20261201.json"
+STEP_FULL = ROOT / "perf/results/step-llama-3.1-8b-decode-full-20261201.json"  # breakable, no_inductor, *_full
 
 pytestmark = pytest.mark.requires("components")
 
@@ -85,6 +86,27 @@ def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):
     assert (tmp_path / "out/latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (tmp_path / "out/report.md").read_text()
     assert "| llama-3.1-8b | generate B=8, 32+128 |" in text and "| llama-3.1-8b | decode step B=8 |" in text
+
+
+def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch):
+    """The step file lacks eager and inductor, so by position its modes would take other modes' colours."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from reference.benchmark.chart import latency_chart
+
+    colours: dict[str, set] = {}
+    real_bar = Axes.bar
+
+    def bar(self, *args, color=None, label=None, **kwargs):
+        if label is not None:
+            colours.setdefault(label, set()).add(color)
+        return real_bar(self, *args, color=color, label=label, **kwargs)
+
+    monkeypatch.setattr(Axes, "bar", bar)
+    latency_chart(newest(read_rows(GENERATE) + read_rows(STEP_FULL)), tmp_path / "chart.png")
+    assert {"no_inductor", "breakable"} <= set(colours)
+    assert all(len(c) == 1 for c in colours.values()), colours
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reference.benchmark.results import Row
+from reference.benchmark.results import Row, mode_order
 
 
 def latency_chart(rows: list[Row], path: Path) -> Path:
@@ -26,7 +26,7 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
     from matplotlib.ticker import FuncFormatter
 
     measures = list(dict.fromkeys(r.measure for r in rows))
-    all_modes = list(dict.fromkeys(r.mode for r in rows))  # one colour per mode across the panels
+    all_modes = mode_order(rows)  # one colour per mode across the panels
     fig, axes = plt.subplots(1, len(measures), figsize=(5.5 * len(measures), 4.2), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, measure in zip(axes[0], measures):
@@ -39,7 +39,11 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
                 if r is not None:
                     label = mode if i == 0 else None
                     ax.bar(
-                        i + (m - (len(modes) - 1) / 2) * width, r.latency_s * 1e3, width, color=colors(m), label=label
+                        i + (m - (len(modes) - 1) / 2) * width,
+                        r.latency_s * 1e3,
+                        width,
+                        color=colors(all_modes.index(mode) % colors.N),
+                        label=label,
                     )
         for i, model in enumerate(models):
             floors = [r.floor_s for r in rows if r.model == model and r.measure == measure and r.floor_s]

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference.config import MODES
+
 # pytest-benchmark test names in perf/test_step_latency.py -> the measure they time
 STEP_MEASURES = {"test_decode_step_latency": "decode step", "test_prefill_latency": "prefill"}
 
@@ -130,6 +132,13 @@ def read_rows(path: str | Path) -> list[Row]:
     raise ResultsError(
         f"{path}: neither bench_latency JSON ('settings', 'results') nor pytest-benchmark JSON ('benchmarks')"
     )
+
+
+def mode_order(rows: list[Row]) -> list[str]:
+    """The rows' modes: the project's in ``reference.config.MODES`` order, then the others (baselines) in
+    first-seen order. Tables take their columns and the chart its colours from this order."""
+    seen = list(dict.fromkeys(r.mode for r in rows))
+    return [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
 
 
 def newest(rows: list[Row]) -> list[Row]:

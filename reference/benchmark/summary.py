@@ -3,7 +3,7 @@ memory per mode, and the change per row between two sets of results."""
 
 from __future__ import annotations
 
-from reference.benchmark.results import Row
+from reference.benchmark.results import Row, mode_order
 
 IQR_WARNING = 0.10  # flag a row whose interquartile range exceeds this fraction of its median
 
@@ -12,15 +12,10 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
-def _modes(rows: list[Row]) -> list[str]:
-    """Modes in first-seen order (engine modes come before baselines in every results file)."""
-    return list(dict.fromkeys(r.mode for r in rows))
-
-
 def latency_table(rows: list[Row]) -> str:
     """| model | measure | floor | mode... |: p50 with its multiple of the floor; ``*`` marks a spread (IQR)
     above ``IQR_WARNING`` of the median."""
-    modes = _modes(rows)
+    modes = mode_order(rows)
     groups: dict[tuple[str, str], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.model, r.measure), {})[r.mode] = r
