@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_config_fields,
         default=None,
         help="(-cc, -O) JSON or Python-literal dict overriding fields of the compiled modes' configs, "
-        "e.g. capture sizes or custom_ops; level and use_inductor are set by --modes",
+        "e.g. capture sizes or custom_ops; level, use_inductor and cudagraph_mode are set by --modes",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)

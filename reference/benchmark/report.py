@@ -56,7 +56,7 @@ def markdown_header(doc: dict[str, Any]) -> str:
         + (f"; tensor parallel x{tp}" if (tp := s.get("tensor_parallel_size", 1)) > 1 else "")
     ]
     if not env["gpu"] and any(r.get("compilation_config", {}).get("level") == 3 for r in doc["results"]):
-        lines.append("note: CUDA graphs need CUDA; on this CPU the piecewise modes ran their pieces without graphs")
+        lines.append("note: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them")
     if not doc["bandwidth_Bps"]:
         lines.append("note: no floor on a CPU (the floor divides weight bytes by a GPU's measured bandwidth)")
     return "\n".join(lines)
