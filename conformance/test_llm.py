@@ -18,7 +18,8 @@ from reference.engine.sampling import SamplingParams
 pytestmark = pytest.mark.requires("components")
 
 TINY_CHECKPOINT = Path(__file__).parents[1] / "fixtures" / "tiny-llama"
-ENGINE_MODES = ("eager", "no_inductor")  # Inductor compiles cost seconds on CPU: inductor runs in the GPU tests
+# Inductor compiles cost seconds on CPU: the inductor modes run in the GPU tests
+ENGINE_MODES = ("eager", "breakable", "no_inductor", "no_inductor_full")
 # Our fused layers and transformers' agree to ~1e-5 in float32 (test_llama_oracle). Where the oracle's two
 # best logits are closer than this, rounding may pick either, so a divergence there is not a bug.
 NEAR_TIE = 1e-3
@@ -205,9 +206,9 @@ def test_text_prompts_are_tokenized_and_outputs_detokenized():
 @pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_modes_resolve_to_their_compilation_settings(mode):
     llm = make_llm("llama-tiny", mode, max_num_seqs=4)
-    expected_level = 0 if mode == "eager" else 3
+    expected_level = 0 if mode in ("eager", "breakable") else 3
     assert llm.config.level == expected_level
-    assert llm.custom_ops["disabled"] == []  # both modes use every custom op
+    assert llm.custom_ops["disabled"] == []  # these modes use every custom op
     assert llm.config.cudagraph_capture_sizes == (1, 2, 4)  # capped at max_num_seqs by default
 
 
@@ -326,7 +327,7 @@ def test_piecewise_cuda_graphs_generate_the_tokens_eager_generates():
     # the tokens must be identical, not just close.
     prompts = ragged_prompts(4, 256)
     tokens = {}
-    for mode in ENGINE_MODES:
+    for mode in ("eager", "no_inductor"):
         llm = make_llm("llama-tiny", mode, device="cuda", dtype="float32", max_num_seqs=4)
         outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
         tokens[mode] = [o.outputs[0].token_ids for o in outputs]
