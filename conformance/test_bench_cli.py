@@ -383,6 +383,17 @@ def test_a_truncated_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     assert last.startswith("python -m reference.bench_latency: error: ") and "model.safetensors: truncated" in last
 
 
+@pytest.mark.breakable
+def test_capture_sizes_no_step_can_use_are_one_line_and_exit_2(capsys):
+    """The runner finds it (the sizes exceed batch x (input + output) tokens), after the flags are parsed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "llama-tiny", *TINY_RUN, "--modes", "breakable", "-O.cudagraph_capture_sizes=[512]"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("python -m reference.bench_latency: error: cudagraph_capture_sizes [512] all exceed")
+    assert not any("Traceback" in line for line in err)
+
+
 def test_a_dotted_number_is_that_number_and_every_usage_error_is_one_line(capsys):
     args = parse_args(["--model", "toy-llama", "--modes", "inductor", "-O.max_cudagraph_capture_size=2"])
     assert args.compilation_config == {"max_cudagraph_capture_size": 2}  # not {'level': 2}

@@ -13,6 +13,10 @@ those tagged ``torch.Tag.cudagraph_unsafe``, which the project's attention ops c
   ``cudagraph_mode='piecewise'``, CUDA graph trees. ``use_inductor=False`` with piecewise graphs is
   :class:`Unsupported`: torch captures partitions only of graphs Inductor compiled; eager pieces in
   piecewise graphs are what this project (and vLLM) add.
+* full graphs (``'full_decode_only'``, ``'full_and_piecewise'``) and breakable graphs (level 0 with
+  piecewise graphs) are :class:`Unsupported`: graph trees key graphs by input shapes, not by the kind of
+  step, and torch captures no eager model in segments. Returning the model without them would pass the
+  rules for the wrong reason.
 
 What torch does not have, the adapter does not declare (see ``capabilities``): the project's counters,
 split pieces to inspect, address checks, tracing once for every size (torch recompiles under guards).
@@ -43,13 +47,20 @@ class TorchNativeImplementation:
     }
 
     def compile(self, model: nn.Module, config: CompilationConfig) -> Callable:
+        if config.full_graphs:
+            raise Unsupported(
+                f"torch {torch.__version__} has no full CUDA graphs dispatched by batch descriptor "
+                f"(cudagraph_mode={config.cudagraph_mode!r}): graph trees key graphs by input shapes"
+            )
+        if config.breakable:
+            raise Unsupported(f"torch {torch.__version__} has no breakable CUDA graphs of an eager model")
         if config.level == 0:
             return model
         if config.level in (1, 2):
             backend = "inductor" if config.use_inductor else "eager"
             return torch.compile(model, backend=backend, fullgraph=True, dynamic=True if config.level == 2 else None)
         if not config.use_inductor:
-            if config.cudagraph_mode == "piecewise":
+            if config.piecewise_graphs:
                 raise Unsupported(
                     f"torch {torch.__version__} has no piecewise CUDA graphs without Inductor: graph trees capture "
                     "the partitions of an Inductor-compiled graph only"
@@ -59,7 +70,7 @@ class TorchNativeImplementation:
             **config.inductor_compile_config,
             "graph_partition": True,
             "custom_should_partition_ops": list(config.splitting_ops or ()),
-            "triton.cudagraphs": config.cudagraph_mode == "piecewise",
+            "triton.cudagraphs": config.piecewise_graphs,
         }
         return torch.compile(model, fullgraph=True, dynamic=True, options=options)
 

@@ -1,6 +1,6 @@
 """End-to-end generation latency per compilation mode, like vLLM's ``benchmark_latency``: the CLI.
 
-``python -m reference.bench_latency --model llama-3.1-8b --modes eager,no_inductor,inductor
+``python -m reference.bench_latency --model llama-3.1-8b --modes eager,no_inductor,no_inductor_full
 --baselines hf-eager,hf-compile --results-dir``
 
 The run itself is :mod:`reference.benchmark.latency` (what one iteration is, the floor), the tables and
@@ -120,9 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Latency of whole generate calls per compilation mode, over one set of weights, with the "
         "memory-bandwidth floor and optional transformers baselines.",
-        epilog="Modes: eager = enforce_eager (level 0, custom ops on); no_inductor = level 3, use_inductor "
-        "False, custom_ops ['all'], piecewise CUDA graphs; inductor = level 3, use_inductor True. Capture "
-        "sizes go up to --batch-size unless --compilation-config sets them.",
+        epilog="Modes: eager = enforce_eager (level 0, custom ops on); breakable = level 0 with piecewise CUDA "
+        "graphs (the eager model captured in segments broken at attention; no trace, no compile); no_inductor = "
+        "level 3, use_inductor False, custom_ops ['all'], piecewise CUDA graphs; inductor = level 3, use_inductor "
+        "True; no_inductor_full / inductor_full = the same plus a full CUDA graph per decode batch size "
+        "(cudagraph_mode full_and_piecewise). Each LLM gets max_num_seqs = --batch-size and max_model_len = "
+        "--input-len + --output-len; capture sizes go up to --batch-size unless --compilation-config sets them.",
     )
     default = " (default: %(default)s)"
     parser.add_argument("--model", type=_model, default="llama-tiny", help="preset name or checkpoint dir" + default)

@@ -50,6 +50,17 @@ class _Segments:
     input_addresses: list[int | None]
 
 
+def _call_writing_into_buffers(func, args, kwargs):
+    """Run splitting op ``func``; refuse it if it returned tensors instead of writing into its buffers."""
+    result = func(*args, **kwargs)
+    if result is not None and not (isinstance(result, (tuple, list)) and not result):
+        raise ConfigError(
+            f"splitting_ops: {op_name(func)!r} returns tensors; a breakable graph's splitting op must write into "
+            "buffers the previous segment allocated (as reference::attention does)"
+        )
+    return result
+
+
 class _BreakAtSplittingOps(TorchDispatchMode):
     """Calls ``on_split(func, args, kwargs)`` instead of every splitting op; refuses a captured unsafe op."""
 
@@ -81,7 +92,8 @@ class BreakableCUDAGraphs:
         num_warmups: plain runs at a size before capturing it.
         debug_addresses: on every replay check that the inputs live where they did at capture.
 
-    Raises (at capture):
+    Raises (at the first call, on any device, as the piecewise backend refuses such configs when it
+    compiles; and at capture):
         ConfigError: a splitting op that returns tensors (they would be allocated outside the pool, where
             the next segment could not follow them), or an op tagged cudagraph_unsafe that is not a
             splitting op (it would replay one step's metadata).
@@ -102,10 +114,15 @@ class BreakableCUDAGraphs:
         self.debug_addresses = debug_addresses
         self.captured: dict[int, _Segments] = {}
         self.warmups_done: dict[int, int] = {}
+        self._checked = False
         self._pool = None
         self._stream: "torch.cuda.Stream | None" = None
 
     def __call__(self, *args):
+        if not self._checked:  # the config asks for graphs: refuse what could not be captured, on any device
+            self._checked = True
+            with _BreakAtSplittingOps(self.splitting_ops, _call_writing_into_buffers):
+                return self.model(*args)
         size = args[0].shape[0]
         segments = self.captured.get(size)
         if segments is not None and not in_full_graph():
@@ -140,12 +157,7 @@ class BreakableCUDAGraphs:
 
         def on_split(func, op_args, op_kwargs):
             end()
-            result = func(*op_args, **op_kwargs)
-            if result is not None and not (isinstance(result, (tuple, list)) and not result):
-                raise ConfigError(
-                    f"splitting_ops: {op_name(func)!r} returns tensors; a breakable graph's splitting op must write "
-                    "into buffers the previous segment allocated (as reference::attention does)"
-                )
+            result = _call_writing_into_buffers(func, op_args, op_kwargs)
             fn = direct_call(op_name(func)) or func
             steps.append(_EagerCall(fn, tree_map(non_owning, op_args), tree_map(non_owning, op_kwargs)))
             begin()

@@ -200,6 +200,8 @@ class CompilationConfig:
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
+        if self.inductor_compile_config and self.level == 0:
+            raise ConfigError("inductor_compile_config is set but level=0 compiles nothing; drop it or use level >= 1")
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
                 "splitting_ops only apply at level=3 (piecewise) or to breakable graphs (level=0 with cudagraph_mode "
@@ -254,7 +256,7 @@ class CompilationConfig:
                 f"enforce_eager=True contradicts cudagraph_mode={self.cudagraph_mode!r}; "
                 "drop enforce_eager or set cudagraph_mode='none'"
             )
-        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=None)
+        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=None, inductor_compile_config={})
 
     def describe(self) -> dict[str, Any]:
         """The resolved settings as a JSON-serialisable dict (for logs and result files)."""

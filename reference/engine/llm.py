@@ -163,7 +163,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens,
             )
             if self.runner.use_cuda_graphs:
-                stages.total += len(self.runner.capture_sizes) + len(self.runner.full_sizes)
+                stages.total += len(self.runner.piecewise_warm_up_sizes) + len(self.runner.full_sizes)
             self.startup: StartupStats = self.runner.warm_up(progress=report)
             report("ready")
 

@@ -13,7 +13,8 @@ The runner is the only caller of the compiled model, and it keeps the promises C
 * A step of ``n`` tokens runs at the smallest size ``T >= n`` of its kind (padding rows ``n..T`` hold stale
   but valid token ids and positions); attention ignores padding rows, and only the real rows are read
   back. Steps are padded on a CPU too (where nothing is captured), so every device runs the same shapes
-  and a padding fault shows on any of them.
+  and a padding fault of the token rows shows on any of them (a fault in a full graph's padded metadata
+  shows only on CUDA: the CPU's torch attention reads the real sequences' entries alone).
 * A full graph replays attention too, so its metadata cannot be fresh tensors: each sequence's length and
   cache row are copied into one static buffer, padded with length 0 (attention skips such rows), before
   every full-graph step.
@@ -100,12 +101,16 @@ class ModelRunner:
     Attributes:
         capture_sizes: the piecewise sizes (capture sizes up to ``max_num_batched_tokens``).
         full_sizes: the full-graph sizes (capture sizes up to ``max_num_seqs``: a decode step's tokens).
-        last_dispatch: the last step's :class:`StepDispatch`; ``dispatch_counts``: steps per runtime mode.
+        piecewise_warm_up_sizes: the piecewise sizes ``warm_up`` captures (size 1 is left out when full
+            graphs serve it: a 1-token step is always a uniform decode).
+        last_dispatch: the last step's :class:`StepDispatch`; ``dispatch_counts``: steps per runtime mode,
+            the warm-up's dummy steps included.
 
     Raises:
-        ValueError: a size is not positive, or no capture size fits the steps.
-        ConfigError: full graphs with no capture size a decode step can have, or on CUDA for a dtype
-            without the Triton decode kernel (the torch path reads host lengths a graph would freeze).
+        ValueError: a size is not positive.
+        ConfigError: no capture size fits the steps (piecewise: at most ``max_num_batched_tokens``; full:
+            at most ``max_num_seqs``), or full graphs on CUDA for a dtype without the Triton decode kernel
+            (the torch path reads host lengths a graph would freeze).
     """
 
     def __init__(
@@ -144,11 +149,13 @@ class ModelRunner:
         sizes = config.cudagraph_capture_sizes if config.piecewise_graphs else ()
         self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
         self.full_sizes = self._full_sizes(config)
+        self.piecewise_warm_up_sizes = tuple(s for s in self.capture_sizes if not (s == 1 and self.full_sizes))
         skipped = [s for s in sizes if s > self.max_num_tokens]
         if skipped and not self.capture_sizes:
-            raise ValueError(
-                f"cudagraph_capture_sizes {list(sizes)[:8]}... all exceed max_num_batched_tokens "
-                f"({self.max_num_tokens}): no step could use a graph; lower the sizes or raise the limit"
+            listed = f"{list(sizes)[:8]}{'...' if len(sizes) > 8 else ''}"
+            raise ConfigError(
+                f"cudagraph_capture_sizes {listed} all exceed max_num_batched_tokens ({self.max_num_tokens}): no "
+                "step could use a graph; lower the sizes or raise the limit"
             )
         if skipped:
             warnings.warn(
@@ -296,8 +303,7 @@ class ModelRunner:
         self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
         self._sync()
         self.startup.compile_s = time.perf_counter() - start
-        # a 1-token step is a uniform decode: with a full graph of size 1 no step needs piecewise size 1
-        piecewise = [s for s in self.capture_sizes if not (s == 1 and self.full_sizes)]
+        piecewise = self.piecewise_warm_up_sizes
         if self.use_cuda_graphs and (piecewise or self.full_sizes):
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
