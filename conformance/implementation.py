@@ -32,6 +32,7 @@ from torch import nn
 from reference.compilation import compile_model
 from reference.config import CompilationConfig
 from reference.engine import ModelRunner
+from reference.peers import Unsupported as Unsupported  # compile raises it for a config it does not implement
 
 CAPABILITIES = {
     "counters": "reports reference.compilation.compilation_counter (graphs seen, pieces, compiles, captures)",
@@ -43,10 +44,6 @@ CAPABILITIES = {
     "conformance/tensor_parallel_worker.py, which loads the implementation by its --impl name)",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too",
 }
-
-
-class Unsupported(Exception):
-    """Raised by ``compile`` for a config the implementation does not implement; the test is skipped."""
 
 
 class Implementation(Protocol):

@@ -45,6 +45,7 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     assert doc["weight_bytes_per_decode_step"] > 0
     env = doc["env"]
     assert {"gpu", "torch", "date", "command"} <= set(env)
+    assert env["threads"] == 1  # the CPU default (reference.benchmark.machine.DEFAULT_CPU_THREADS)
     assert env["custom_op_kernels"] == "torch"  # on CPU the custom ops run their torch implementation
     assert env["command"] == "python -m reference.bench_latency " + " ".join(argv)
     # the results dir holds <model>-<date>.json (same document) and .md with one table row per mode
@@ -175,6 +176,7 @@ BAD_FLAGS = [
     pytest.param(["--modes", ""], "argument --modes: no mode given", id="empty-modes"),
     pytest.param(["--modes", " , "], "argument --modes: no mode given", id="blank-modes"),
     pytest.param(["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'", id="batch-size-0"),
+    pytest.param(["--threads", "0"], "argument --threads: expected an int >= 1, got '0'", id="threads-0"),
     pytest.param(["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'", id="num-iters-0"),
     pytest.param(
         ["--num-iters-baseline", "0"],
@@ -381,6 +383,28 @@ def test_a_truncated_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("python -m reference.bench_latency: error: ") and "model.safetensors: truncated" in last
+
+
+@pytest.mark.no_inductor
+@pytest.mark.inductor
+def test_torch_native_runs_as_a_baseline_in_the_engine_and_every_mode_gets_its_ratio(tmp_path):
+    """torch's own piecewise path, compiled by reference.peers in this engine (on a CPU: Inductor without graphs)."""
+    out = tmp_path / "out.json"
+    main(["--model", "llama-tiny", *TINY_RUN, "--modes", "no_inductor", "--baselines", "torch-native",
+          "--device", "cpu", "--output-json", str(out)])  # fmt: skip
+    engine, peer = json.loads(out.read_text())["results"]
+    assert (peer["mode"], peer["kind"]) == ("torch-native", "baseline")
+    assert peer["compilation_config"]["level"] == 3 and peer["compilation_config"]["use_inductor"] is True
+    assert peer["startup"]["first_call_s"] > 0 and peer["iters"] == 2
+    assert engine["speedup_vs"]["torch-native"] == pytest.approx(peer["latency_s"]["p50"] / engine["latency_s"]["p50"])
+
+
+@pytest.mark.eager
+def test_threads_are_set_for_the_run_and_given_back(tmp_path):
+    before = torch.get_num_threads()
+    main(["--model", "llama-tiny", *TINY_RUN, "--modes", "eager", "--threads", "2", "--output-json", f"{tmp_path}/o"])
+    assert json.loads((tmp_path / "o").read_text())["env"]["threads"] == 2
+    assert torch.get_num_threads() == before  # the caller's pool, as it was
 
 
 @pytest.mark.breakable

@@ -168,7 +168,7 @@ def test_tensor_parallel_bench_latency_under_torchrun_reports_once_from_rank_0(t
     "extra, message",
     [
         (["-tp", "2"], "error: tensor_parallel_size=2 needs 2 processes"),
-        (["-tp", "2", "--baselines", "hf-eager"], "--baselines hf-eager: transformers' baselines run in one process"),
+        (["-tp", "2", "--baselines", "hf-eager"], "--baselines hf-eager: the baselines run in one process"),
         (["-tp", "0"], "--tensor-parallel-size"),
         (["-tp", "1", "WORLD_SIZE=2"], "--tensor-parallel-size 1 under 2 processes (WORLD_SIZE); pass"),
     ],

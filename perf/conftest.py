@@ -14,7 +14,9 @@ import pytest
 import torch
 from pytest_benchmark.utils import get_tag
 
+from reference.benchmark.choices import TORCH_NATIVE_MODE
 from reference.benchmark.floor import Bandwidth, floor_bandwidth
+from reference.benchmark.machine import benchmark_threads
 from reference.benchmark.machine import machine_info as reference_machine_info
 from reference.compilation.counters import CompilationCounter, compilation_counter
 from reference.config import MODES, CompilationConfig
@@ -23,6 +25,7 @@ from reference.engine.arguments import DTYPES, engine_config, resolve_device
 from reference.models import registry
 from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import Attention, CustomOpSelection
+from reference.peers import compile_torch_native
 
 # The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
 DEFAULT_MODEL = "llama-tiny"
@@ -45,6 +48,9 @@ def pytest_addoption(parser):
     group.addoption("--perf-dtype", default=None, help=f"one of {list(DTYPES)} [bfloat16 on cuda, float32 on cpu]")
     group.addoption("--perf-batch-size", type=int, default=8, help="sequences per decode step and prefill [8]")
     group.addoption("--perf-input-len", type=int, default=32, help="prompt tokens per sequence in the prefill [32]")
+    group.addoption(
+        "--perf-threads", type=int, default=None, help="torch intra-op threads [1 on a CPU, torch's own count on CUDA]"
+    )
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class PerfSettings:
         dtype: parameter dtype.
         batch_size: sequences per step (decode: one token each; prefill: ``input_len`` tokens each).
         input_len: prompt length in tokens; decode steps run at context ``input_len``.
+        threads: torch intra-op threads the session runs with (reference.benchmark.machine.benchmark_threads).
     """
 
     model: str
@@ -64,6 +71,7 @@ class PerfSettings:
     dtype: torch.dtype
     batch_size: int
     input_len: int
+    threads: int
 
 
 _SETTINGS = pytest.StashKey[PerfSettings]()
@@ -88,15 +96,23 @@ def _settings(config: pytest.Config) -> PerfSettings:
     dtype_name = config.getoption("perf_dtype") or ("bfloat16" if device.type == "cuda" else "float32")
     if dtype_name not in DTYPES:
         raise pytest.UsageError(f"--perf-dtype: expected one of {list(DTYPES)}, got {dtype_name!r}")
-    for option in ("perf_batch_size", "perf_input_len"):
+    for option in ("perf_batch_size", "perf_input_len", "perf_threads"):
+        if option == "perf_threads" and config.getoption(option) is None:
+            continue
         if config.getoption(option) < 1:
             flag = "--" + option.replace("_", "-")
             raise pytest.UsageError(f"{flag}: expected a positive int, got {config.getoption(option)}")
     longest = model_config.max_position_embeddings - 1  # the decode step's token sits at position input_len
     if config.getoption("perf_input_len") > longest:
         raise pytest.UsageError(f"--perf-input-len: {model} takes at most {longest} prompt tokens here")
+    threads = benchmark_threads(device, config.getoption("perf_threads"))
     return PerfSettings(
-        model, device, DTYPES[dtype_name], config.getoption("perf_batch_size"), config.getoption("perf_input_len")
+        model,
+        device,
+        DTYPES[dtype_name],
+        config.getoption("perf_batch_size"),
+        config.getoption("perf_input_len"),
+        threads,
     )
 
 
@@ -109,6 +125,7 @@ def pytest_configure(config):
     given on the command line is kept.
     """
     config.stash[_SETTINGS] = _settings(config)
+    torch.set_num_threads(config.stash[_SETTINGS].threads)
     if not config.option.benchmark_autosave:
         config.option.benchmark_autosave = get_tag()  # what --benchmark-autosave stores: commit id + time
     if config.option.benchmark_storage == "file://./.benchmarks":  # pytest-benchmark's default (cwd-relative)
@@ -143,7 +160,7 @@ class PerfRun:
     """A warmed-up runner for one mode.
 
     Attributes:
-        mode: a key of reference.config.MODES.
+        mode: a key of reference.config.MODES, or a peer (``torch-native``).
         runner: compiled, captured (CUDA, level 3) and ready; KV cache ``batch_size`` rows x
             ``input_len + 1`` tokens. None once the mode's tests are done.
         vocab_size: logits width.
@@ -186,11 +203,16 @@ def base_model(perf_settings) -> torch.nn.Module:
     return model
 
 
-@pytest.fixture(scope="session", params=list(MODES))
+# torch's own piecewise path (reference.peers) in the same runner, with the inductor mode's config
+PEERS = {"torch-native": (TORCH_NATIVE_MODE, compile_torch_native)}
+
+
+@pytest.fixture(scope="session", params=[*MODES, *PEERS])
 def perf_run(request, perf_settings, base_model):
-    """One :class:`PerfRun` per mode, alive while that mode's tests run (pytest groups tests by mode)."""
+    """One :class:`PerfRun` per mode and peer, alive while its tests run (pytest groups tests by it)."""
     mode, s = request.param, perf_settings
-    config = mode_config_for(mode, s.batch_size)
+    config_mode, compile_fn = PEERS.get(mode, (mode, None))
+    config = mode_config_for(config_mode, s.batch_size)
     torch._dynamo.reset()  # nothing compiled for another mode may be reused
     model = registry.build_model(
         s.model, CustomOpSelection(config), dtype=s.dtype, device=s.device, share_weights_with=base_model
@@ -201,6 +223,7 @@ def perf_run(request, perf_settings, base_model):
         max_num_seqs=s.batch_size,
         max_model_len=s.input_len + 1,  # prompt + the decode token, rewritten at the same position each round
         max_num_batched_tokens=s.batch_size * s.input_len,
+        compile_fn=compile_fn,
     )
     stats = runner.warm_up()
     run = PerfRun(

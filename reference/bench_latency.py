@@ -154,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="torch intra-op threads (default: 1 on a CPU, where more swing the tiny presets' latencies; "
+        "torch's own count on CUDA)",
+    )
+    parser.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=_positive_int,
@@ -165,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--baselines",
         type=_names(BASELINES, "baseline"),
         default=[],
-        help=f"comma-separated transformers generate baselines to run too: {', '.join(BASELINES)} (default and '': "
-        "none)",
+        help=f"comma-separated baselines to run too: {', '.join(BASELINES)} (default and '': none); hf-*: "
+        "transformers generate on the same weights; torch-native: torch's own piecewise path (Inductor graph "
+        "partition + CUDA graph trees) in this engine, with the inductor mode's config",
     )
     parser.add_argument(
         "--num-iters-baseline", type=_positive_int, default=None, help="timed calls per baseline (default: --num-iters)"
@@ -211,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.tensor_parallel_size > 1 and args.baselines:
         parser.error(
-            f"--baselines {','.join(args.baselines)}: transformers' baselines run in one process, not with "
+            f"--baselines {','.join(args.baselines)}: the baselines run in one process, not with "
             f"--tensor-parallel-size {args.tensor_parallel_size}; drop one of them"
         )
     compiled = [m for m in args.modes if "compilation_config" in MODE_KWARGS[m]]

@@ -26,8 +26,11 @@ def mode_kwargs(mode: str, overrides: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
-# transformers ``generate`` on our weights (reference.benchmark.baselines)
-BASELINES = ("hf-eager", "hf-compile")
+# transformers ``generate`` on our weights (reference.benchmark.baselines), and torch's own piecewise path
+# (reference.peers.torch_native) in this project's engine, with the inductor mode's config
+BASELINES = ("hf-eager", "hf-compile", "torch-native")
+HF_BASELINES = ("hf-eager", "hf-compile")
+TORCH_NATIVE_MODE = "inductor"
 # LLM(dtype=...) names besides 'auto', the keys of reference.engine.arguments.DTYPES (a test keeps them equal;
 # importing that module here would import torch)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

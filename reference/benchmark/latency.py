@@ -26,15 +26,16 @@ import torch
 import transformers
 
 from reference.benchmark.baselines import build_hf_model, make_baseline
-from reference.benchmark.choices import mode_kwargs
+from reference.benchmark.choices import HF_BASELINES, TORCH_NATIVE_MODE, mode_kwargs
 from reference.benchmark.floor import floor_bandwidth
-from reference.benchmark.machine import machine_info
+from reference.benchmark.machine import benchmark_threads, machine_info
 from reference.benchmark.timing import latency_stats, release, time_calls
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
 from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import kernel_backend
+from reference.peers import compile_torch_native
 
 # capture.py's warning for a piecewise config on a CPU
 NO_GRAPHS_WARNING = r"CUDA graphs asked for \(cudagraph_mode="
@@ -44,6 +45,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every mode and baseline of ``args`` (the parsed ``bench_latency`` flags); returns the
     results document (described in :func:`reference.bench_latency.main`)."""
     device = torch.device(args.device)  # under tensor parallelism, the first LLM says this rank's device
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(benchmark_threads(device, args.threads))
+    try:
+        return _run(args, device)
+    finally:
+        torch.set_num_threads(threads_before)  # a caller in the same process (the tests) keeps its own
+
+
+def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     load_at_start = [round(x, 2) for x in os.getloadavg()]  # a busy machine moves every number
     vocab = registry.model_config(args.model).get_text_config().vocab_size
     generator = torch.Generator().manual_seed(args.seed)
@@ -54,19 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     owner: LLM | None = None  # the LLM holding the weights
     weight_bytes = None
     for mode in args.modes:
-        with warnings.catch_warnings():  # said once, under the table (report.markdown_header), not mid-bar
-            warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
-            llm = LLM(
-                args.model,
-                dtype=args.dtype,
-                device=device,
-                seed=args.seed,
-                max_num_seqs=args.batch_size,
-                max_model_len=args.input_len + args.output_len,
-                share_weights_with=owner,
-                tensor_parallel_size=args.tensor_parallel_size,
-                **mode_kwargs(mode, args.compilation_config),
-            )
+        llm = _build_llm(args, device, owner, **mode_kwargs(mode, args.compilation_config))
         if owner is None:  # one rank's bytes under tensor parallelism: the ranks read their shards at once
             owner, weight_bytes, device = llm, weight_bytes_per_decode_step(llm.model), llm.device
             bandwidth = floor_bandwidth(device)
@@ -107,8 +105,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             del llm
             release(device)
 
-    hf = build_hf_model(args.model, owner.model) if args.baselines else None  # one copy for all baselines
-    for name in args.baselines:
+    hf_baselines = [name for name in args.baselines if name in HF_BASELINES]
+    hf = build_hf_model(args.model, owner.model) if hf_baselines else None  # one copy for all of them
+    if "torch-native" in args.baselines:
+        results.append(_torch_native(args, device, owner, prompt_ids.tolist(), params, reference_tokens))
+    for name in hf_baselines:
         baseline = make_baseline(name, hf, args.output_len)
         input_ids = prompt_ids.to(device)
         warmup = args.num_iters_warmup_baseline
@@ -168,6 +169,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "command": f"{args.prog} " + shlex.join(args.argv),
         },
     }
+
+
+def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None, **kwargs) -> LLM:
+    """An LLM of ``args.model`` sized for the run, sharing ``owner``'s weights; ``kwargs``: the mode's."""
+    with warnings.catch_warnings():  # said once, under the table (report.markdown_header), not mid-bar
+        warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+        return LLM(
+            args.model,
+            dtype=args.dtype,
+            device=device,
+            seed=args.seed,
+            max_num_seqs=args.batch_size,
+            max_model_len=args.input_len + args.output_len,
+            share_weights_with=owner,
+            tensor_parallel_size=args.tensor_parallel_size,
+            **kwargs,
+        )
+
+
+def _torch_native(args, device, owner: LLM, prompts, params, reference_tokens) -> dict[str, Any]:
+    """The ``torch-native`` baseline: torch's own piecewise path (reference.peers) compiling the model in
+    this project's engine, with the ``inductor`` mode's config; its start-up is compile + capture."""
+    llm = _build_llm(args, device, owner, **mode_kwargs(TORCH_NATIVE_MODE, None), compile_fn=compile_torch_native)
+    warmup = args.num_iters_warmup_baseline
+    label = f"torch-native: {warmup} warm-up + {args.num_iters_baseline} timed generates"
+    times, outputs = time_calls(
+        lambda: llm.generate(prompts, params, use_tqdm=False), device, warmup + args.num_iters_baseline, label
+    )
+    times = times[warmup:]
+    result = {
+        "mode": "torch-native",
+        "kind": "baseline",
+        "latency_s": latency_stats(times),
+        "iters": len(times),
+        "startup": {"first_call_s": llm.startup.compile_s + llm.startup.capture_s},
+        "compilation_config": llm.config.describe(),
+        "same_tokens_as_first": _agreement([o.outputs[0].token_ids for o in outputs], reference_tokens),
+    }
+    print(f"torch-native: p50 {result['latency_s']['p50']:.4f} s", file=sys.stderr)
+    llm = None  # freed before the device's cache is emptied
+    release(device)
+    return result
 
 
 def _agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:

@@ -15,6 +15,18 @@ import subprocess
 import torch
 
 _CLOCKS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem"
+# A benchmark's intra-op threads on a CPU unless told otherwise: the CPU runs time the tiny presets, which
+# gain nothing from more threads, while a pool wider than the cores left free swings latencies several-fold
+# (perf/NOTES.md, "CPU threads").
+DEFAULT_CPU_THREADS = 1
+
+
+def benchmark_threads(device: torch.device, threads: int | None) -> int:
+    """The intra-op thread count a benchmark on ``device`` runs with: ``threads`` if given, else
+    ``DEFAULT_CPU_THREADS`` on a CPU and torch's own count on CUDA (where the host only launches kernels)."""
+    if threads is not None:
+        return threads
+    return DEFAULT_CPU_THREADS if device.type == "cpu" else torch.get_num_threads()
 
 
 def cpu_model() -> str:

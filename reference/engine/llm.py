@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from reference import parallel
@@ -64,6 +65,9 @@ class LLM:
             per device under ``torchrun --nproc-per-node N`` (NCCL on CUDA, each rank on
             ``cuda:LOCAL_RANK``; gloo on the CPU), and every rank returns the same outputs.
         use_tqdm: show start-up progress.
+        compile_fn: ``(model, config) -> forward`` compiling the model instead of the project's pipeline
+            (``ModelRunner``'s argument), e.g. :func:`reference.peers.compile_torch_native`; the engine,
+            runner and KV cache stay the project's.
 
     Attributes:
         config: the resolved compilation config. runner: the :class:`ModelRunner`.
@@ -93,6 +97,7 @@ class LLM:
         share_weights_with: "LLM | None" = None,
         use_tqdm: bool = True,
         tensor_parallel_size: int = 1,
+        compile_fn: Callable[[nn.Module, CompilationConfig], Callable] | None = None,
     ):
         arguments.check_positive("max_num_seqs", max_num_seqs)
         arguments.check_seed(seed)
@@ -161,6 +166,7 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_model_len=self.max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens,
+                compile_fn=compile_fn,
             )
             if self.runner.use_cuda_graphs:
                 stages.total += len(self.runner.piecewise_warm_up_sizes) + len(self.runner.full_sizes)
