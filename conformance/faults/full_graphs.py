@@ -10,13 +10,14 @@ from __future__ import annotations
 from unittest import mock
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation.breakable import _BreakAtSplittingOps
+from reference.compilation.breakable import BreakableCUDAGraphs, _BreakAtSplittingOps
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.engine.runner import ModelRunner
 from reference.forward_context import BatchDescriptor
 
 _real_dispatch = ModelRunner.dispatch
 _real_full_capture = FullCUDAGraphs._capture
+_real_breakable_call = BreakableCUDAGraphs.__call__
 
 
 def _fresh_metadata(self, staged, size):
@@ -40,6 +41,12 @@ def _no_break(self, func, types, args=(), kwargs=None):
     """The breakable capture's watcher lets every op through, attention included: one segment per size, with
     attention recorded for the lengths and slots of the capture step."""
     return func(*args, **(kwargs or {}))
+
+
+def _checked_only_at_capture(self, *args):
+    """The first call skips the config check, so only a capture (on CUDA) refuses what cannot be captured."""
+    self._checked = True
+    return _real_breakable_call(self, *args)
 
 
 FAULTS = [
@@ -77,5 +84,13 @@ FAULTS = [
         plant=patches(mock.patch.object(_BreakAtSplittingOps, "__torch_dispatch__", _no_break)),
         tests="bitwise_equal_to_eager and breakable and cuda",
         device="cuda",
+    ),
+    Fault(
+        id="breakable-config-checked-only-on-cuda",
+        kind="config",
+        description="breakable graphs check their splitting ops only while capturing, so a CPU run (and the CPU "
+        "tests) accepts a config that every GPU refuses",
+        plant=patches(mock.patch.object(BreakableCUDAGraphs, "__call__", _checked_only_at_capture)),
+        tests="test_a_splitting_op_that_returns_a_tensor_cannot_break_a_capture and cpu",
     ),
 ]
