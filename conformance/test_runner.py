@@ -176,6 +176,17 @@ def test_a_runner_needs_positive_sizes(field, impl):
         runner_for(impl, build_llama(HF, config), config, **sizes)
 
 
+@pytest.mark.eager
+def test_a_token_budget_larger_than_the_kv_cache_is_refused_naming_both(impl):
+    """No step can hold more tokens than max_num_seqs x max_model_len; a larger budget would only show up as
+    warm-up dummies that do not fit the cache."""
+    config = mode_config("eager")
+    sizes = {"max_num_seqs": 2, "max_model_len": 4, "max_num_batched_tokens": 64}
+    message = r"max_num_batched_tokens \(64\) exceeds max_num_seqs x max_model_len \(2 x 4 = 8\)"
+    with pytest.raises(ValueError, match=message):
+        runner_for(impl, build_llama(HF, config), config, **sizes)
+
+
 @pytest.mark.parametrize("mode", RUNNER_MODES)
 def test_a_runner_of_one_token_per_step_warms_up_and_steps(mode, impl):
     """Compiled levels trace with 2 tokens; the runner pads that call even when steps hold one token."""

@@ -52,7 +52,7 @@ class LLM:
         max_num_seqs: sequences per wave (KV-cache rows), >= 1.
         max_num_batched_tokens: most tokens per step; prefills with more prompt tokens are chunked.
             Default ``max_num_seqs * max_model_len`` (a wave always prefills in one step); at least
-            ``max_num_seqs``.
+            ``max_num_seqs`` and at most ``max_num_seqs * max_model_len``.
         device: ``'cuda'`` if available, else ``'cpu'``.
         seed: seed of the weights (presets are randomly initialised) and of the per-request generators of
             requests without their own ``seed``.

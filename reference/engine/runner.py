@@ -107,7 +107,8 @@ class ModelRunner:
             the warm-up's dummy steps included.
 
     Raises:
-        ValueError: a size is not positive.
+        ValueError: a size is not positive, or ``max_num_batched_tokens`` exceeds ``max_num_seqs x
+            max_model_len``.
         ConfigError: no capture size fits the steps (piecewise: at most ``max_num_batched_tokens``; full:
             at most ``max_num_seqs``), or full graphs on CUDA for a dtype without the Triton decode kernel
             (the torch path reads host lengths a graph would freeze).
@@ -126,6 +127,13 @@ class ModelRunner:
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len)):
             if value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
+        cache_tokens = max_num_seqs * max_model_len
+        if max_num_batched_tokens is not None and max_num_batched_tokens > cache_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) exceeds max_num_seqs x max_model_len "
+                f"({max_num_seqs} x {max_model_len} = {cache_tokens}): no step can hold more tokens than the KV cache; "
+                "lower it or raise the others"
+            )
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.model, self.config = model, config
