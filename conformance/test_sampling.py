@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from reference.engine.sampling import SamplingError, SamplingParams, apply_top_k_top_p, make_generator, sample
+from reference.engine.sampling import (
+    SamplingError,
+    SamplingParams,
+    apply_top_k,
+    apply_top_k_top_p,
+    make_generator,
+    sample,
+)
 
 # The reference's own components (not the compilation mechanism): skipped for other --impl.
 pytestmark = pytest.mark.requires("components")
@@ -48,6 +55,18 @@ def test_top_k_keeps_the_k_largest_logits(k):
 def test_top_k_off_or_at_least_the_vocabulary_keeps_every_token(k):
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
     assert torch.equal(apply_top_k_top_p(logits, torch.full((2,), k), torch.ones(2)), logits)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_alone_masks_exactly_what_the_sorting_path_masks(seed):
+    """The sampler's top-k-only path (one topk, no sort): bitwise the general path with top_p = 1, ties included
+    (integer logits tie often), k off (0, V, above V) and k of 1 and V - 1 among the rows."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (6, 50), generator=generator).float()
+    top_k = torch.tensor([0, 1, 7, 49, 50, 80])
+    fast = apply_top_k(logits, top_k, k_max=49)
+    assert torch.equal(fast, apply_top_k_top_p(logits, top_k, torch.ones(6)))
+    assert torch.isinf(fast[1]).sum() < 49  # ties with the largest value are kept: the rule checks ties
 
 
 @pytest.mark.parametrize("p", [0.3, 0.6, 0.75, 0.9, 0.97, 1.0])

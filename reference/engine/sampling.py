@@ -128,12 +128,42 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    """:func:`apply_top_k_top_p` with every ``top_p`` at 1, from one ``topk`` of ``k_max`` columns instead of a
+    sort of the whole vocabulary: the same tensor, bitwise (the k-th largest value is the same either way).
+
+    Args:
+        logits: [B, V] float32. top_k: [B] int64 (``k <= 0`` or ``k >= V`` keeps every token).
+        k_max: the largest ``k`` in ``top_k`` that restricts its row (1..V-1), known on the host.
+
+    Returns:
+        [B, V] float32, a new tensor.
+    """
+    vocab = logits.shape[-1]
+    off = (top_k <= 0) | (top_k >= vocab)  # [B]
+    largest = logits.topk(k_max, dim=-1).values  # [B, k_max], descending
+    kth = largest.gather(-1, (top_k.clamp(1, k_max) - 1)[:, None])  # [B, 1]
+    kth = kth.masked_fill(off[:, None], float("-inf"))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _to_device(values: list[list[float]], device: torch.device) -> torch.Tensor:
+    """[len(values), len(values[0])] float32 on ``device`` from one pinned buffer, without waiting for the
+    device (a plain ``torch.tensor(..., device='cuda')`` copies from pageable memory and synchronises)."""
+    host = torch.tensor(values, dtype=torch.float32, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> torch.Tensor:
     """Pick one next token per row.
+
+    The sampled rows' parameters reach the device in one pinned, non-blocking copy (no host
+    synchronisation), and the vocabulary is sorted only when a row uses top-p: top-k alone takes one
+    ``topk`` (:func:`apply_top_k`), no restriction takes none. Every path gives the same draws.
 
     Args:
         logits: [B, V] float32.
@@ -154,11 +184,19 @@ def sample(
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return tokens
-    device = logits.device
-    temperature = torch.tensor([params[i].temperature for i in rows], dtype=logits.dtype, device=device)
-    top_k = torch.tensor([params[i].top_k for i in rows], dtype=torch.int64, device=device)
-    top_p = torch.tensor([params[i].top_p for i in rows], dtype=logits.dtype, device=device)
-    probs = apply_top_k_top_p(logits[rows] / temperature[:, None], top_k, top_p).softmax(dim=-1)  # [b, V]
+    vocab = logits.shape[-1]
+    ks = [params[i].top_k for i in rows]
+    restricting = [k for k in ks if 0 < k < vocab]
+    nucleus = any(params[i].top_p < 1 for i in rows)
+    # temperature, top_k (exact in float32 below 2**24) and top_p of the sampled rows: [3, b]
+    staged = _to_device([[params[i].temperature for i in rows], ks, [params[i].top_p for i in rows]], logits.device)
+    temperature, top_k, top_p = staged[0].to(logits.dtype), staged[1].long(), staged[2].to(logits.dtype)
+    scaled = logits[rows] / temperature[:, None]  # [b, V]
+    if nucleus:  # top-p needs the sorted distribution
+        scaled = apply_top_k_top_p(scaled, top_k, top_p)
+    elif restricting:  # top-k alone: the k largest, no sort of the vocabulary
+        scaled = apply_top_k(scaled, top_k, max(restricting))
+    probs = scaled.softmax(dim=-1)  # [b, V]
     for j, i in enumerate(rows):
         if generators[i] is None:
             raise ValueError(f"sample: row {i} samples (temperature {params[i].temperature}) but has no generator")
