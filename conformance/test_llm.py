@@ -142,6 +142,34 @@ def test_a_stop_token_ends_the_sequence_and_is_reported():
 
 
 @pytest.mark.eager
+def test_decode_issues_each_step_before_reading_the_previous_steps_tokens(monkeypatch):
+    """The decode loop never waits for a step's tokens before issuing the next: from the second decode
+    step on it feeds the previous step's samples as a device tensor, and it sees a stop token one step
+    late, so the stopped sequence runs in one more step, whose token is dropped."""
+    llm = make_llm("llama-tiny", "eager")
+    a, b = ragged_prompts(2, llm.vocab_size)
+    free_a, free_b = _first_tokens(llm, a, 8), _first_tokens(llm, b, 6)
+    # a stop token A generates as its 2nd-4th token (not before) and B never does
+    stop = next((t for i, t in enumerate(free_a[1:4], 1) if t not in free_a[:i] and t not in free_b), None)
+    assert stop is not None, f"no usable stop token in {free_a} against {free_b}: pick other prompts"
+    end = free_a.index(stop) + 1  # A's last token; decode step k makes token k + 1
+    steps = []
+    real_step = llm.runner.step
+
+    def recording(tokens, context_lens, rows):
+        steps.append((isinstance(tokens, torch.Tensor), len(rows)))
+        return real_step(tokens, context_lens, rows)
+
+    monkeypatch.setattr(llm.runner, "step", recording)
+    params = [greedy(8, stop_token_ids=[stop]), greedy(6, ignore_eos=True)]
+    out_a, out_b = (o.outputs[0] for o in llm.generate([a, b], params, use_tqdm=False))
+    assert (out_a.token_ids, out_a.finish_reason, out_a.stop_reason) == (free_a[:end], "stop", stop)
+    assert (out_b.token_ids, out_b.finish_reason) == (free_b, "length")
+    # the prefill, then B's 5 decode steps; A runs in decode steps 1..end (step `end` is the late one)
+    assert steps == [(False, 2)] + [(k > 1, 1 + (k <= end)) for k in range(1, 6)]
+
+
+@pytest.mark.eager
 def test_eos_ends_the_sequence_unless_ignore_eos():
     llm = make_llm("llama-tiny", "eager")
     prompt = ragged_prompts(2, llm.vocab_size)[1]
@@ -344,3 +372,35 @@ def test_inductor_with_padded_decode_batches_matches_the_oracle():
     prompts = ragged_prompts(3, llm.vocab_size, seed=2)  # 3 sequences: decode steps padded to size 4
     outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
     assert_matches_oracle(llm, prompts, outputs, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "no_inductor", "no_inductor_full"])
+def test_a_decode_step_does_not_synchronise_with_the_device(mode):
+    """Issue 9's decode loop: a step fed the previous step's samples, and the sampling of its logits
+    (greedy, temperature, top-k, top-p, min_tokens' bans), makes no call that waits for the device
+    (``torch.cuda.set_sync_debug_mode('error')`` raises on any). The host waits only where the engine
+    reads a step's tokens, one step later."""
+    llm = make_llm("llama-tiny", mode, device="cuda", max_num_seqs=4)
+    params = [
+        greedy(8),
+        SamplingParams(temperature=0.8, max_tokens=8, seed=1),
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=8, seed=2),
+        SamplingParams(temperature=0.8, top_p=0.9, min_tokens=4, stop_token_ids=[7], max_tokens=8, seed=3),
+    ]
+    prompts = ragged_prompts(4, llm.vocab_size)
+    requests = llm.requests.make(prompts, params)
+    rows, context = [0, 1, 2, 3], [len(p) for p in prompts]
+    tokens = llm.runner.step(prompts, [0] * 4, rows).argmax(-1)  # [4] on the device
+    for _ in range(2):  # warm: graphs replay, kernels are compiled, the bans' index is on the device
+        tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.shape == (4,) and tokens.is_cuda
+    if mode != "eager":
+        assert llm.runner.dispatch_counts[{"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]] >= 5

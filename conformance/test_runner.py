@@ -114,6 +114,37 @@ def test_decoding_from_the_kv_cache_matches_recomputing_the_whole_sequence(mode,
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_a_decode_step_fed_a_device_tensor_equals_the_step_fed_host_lists(mode, impl):
+    """The engine's decode loop feeds the previous step's samples without reading them on the host; the
+    step must compute exactly what the same ids given as lists compute (the same runner, the same
+    position rewritten, so bitwise)."""
+    runner = make_runner(impl, mode, HF, max_num_seqs=4)
+    rows, prompts = [3, 0, 2], _prompts([4, 1, 6])
+    nxt = runner.step(prompts, [0] * 3, rows).argmax(-1)  # [3] int64 on the model's device
+    context = [len(p) for p in prompts]
+    from_lists = runner.step([[t] for t in nxt.tolist()], context, rows)
+    from_tensor = runner.step(nxt, context, rows)
+    torch.testing.assert_close(from_tensor, from_lists, rtol=0, atol=0)
+    assert not torch.equal(runner.step(nxt.flip(0), context, rows), from_tensor)  # the tensor's ids are used
+
+
+BAD_TOKEN_TENSORS = [
+    pytest.param(torch.tensor([1, 2]), r"\[3\] \(one per sequence\) int64 on cpu, got \[2\] int64", id="too_few"),
+    pytest.param(torch.tensor([[1, 2, 3]]), r".* got \[1, 3\] int64", id="two_dims"),
+    pytest.param(torch.tensor([1, 2, 3], dtype=torch.int32), r".* got \[3\] int32", id="int32"),
+    pytest.param(torch.tensor([1.0, 2.0, 3.0]), r".* got \[3\] float32", id="float"),
+]
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize("tokens, message", BAD_TOKEN_TENSORS)
+def test_a_bad_token_tensor_is_refused_naming_new_tokens(tokens, message, impl):
+    runner = make_runner(impl, "eager", HF, max_num_seqs=4)
+    with pytest.raises(ValueError, match=rf"^new_tokens: a token tensor must be {message}"):
+        runner.step(tokens, [0, 0, 0], [0, 1, 2])
+
+
+@pytest.mark.parametrize("mode", RUNNER_MODES)
 def test_warm_up_reports_its_cost_and_its_dummy_tokens_do_not_leak(mode, impl):
     warm, cold = make_runner(impl, mode, HF), make_runner(impl, mode, HF)
     stats = warm.warm_up()

@@ -8,14 +8,17 @@ import bisect
 import dataclasses
 from unittest import mock
 
+import torch
+
 from conformance.faults.fault import Fault, patches
+from reference.engine import llm
 from reference.engine.llm import LLM
 from reference.engine.runner import ModelRunner
 from reference.ops.attention_metadata import AttentionMetadata
 
 _real_slot_mapping = AttentionMetadata.slot_mapping_list
 _real_decode = LLM._decode
-_real_sample_requests = LLM._sample
+_real_append = LLM._append
 
 
 def _gathered_behind_the_padding(self, new_tokens, context_lens, rows):
@@ -23,6 +26,8 @@ def _gathered_behind_the_padding(self, new_tokens, context_lens, rows):
     decode), which holds padding rows once the step is padded."""
     hidden, last_rows = self._run(new_tokens, context_lens, rows)
     n = hidden.shape[0]
+    if last_rows is None:  # a decode step: every token is its sequence's last
+        last_rows = torch.arange(n, device=hidden.device)
     padded = hidden.as_strided((max(self.padded_size(n), n), hidden.shape[1]), hidden.stride())
     return self.model.compute_logits(padded[last_rows + padded.shape[0] - n])
 
@@ -60,20 +65,35 @@ def _context_one_past(context_lens, rows):
     return [c + 1 for c in context_lens], rows
 
 
-def _sample_without(field: str, value):
-    """``LLM._sample`` seeing each request's params with ``field`` set to ``value`` (restored afterwards)."""
+def _without(method: str, field: str, value):
+    """``LLM.<method>(requests, ...)`` seeing each request's params with ``field`` set to ``value``
+    (restored afterwards)."""
+    real = getattr(LLM, method)
 
-    def sample(self, requests, logits):
+    def run(self, requests, *args):
         params = [r.params for r in requests]
         for r in requests:
             r.params = dataclasses.replace(r.params, **{field: value})
         try:
-            _real_sample_requests(self, requests, logits)
+            return real(self, requests, *args)
         finally:
             for r, p in zip(requests, params):
                 r.params = p
 
-    return sample
+    return run
+
+
+def _survivors_by_batch_position(sampled, keep):
+    """The next decode step feeds the first ``len(keep)`` samples instead of the survivors' own: once a
+    sequence finishes, the ones after it continue from their neighbours' tokens."""
+    return sampled[: len(keep)]
+
+
+def _append_late_tokens_too(self, requests, tokens):
+    """The token a finished sequence got from the one step it ran too late is appended as well."""
+    for r in requests:
+        r.finish_reason = None if len(r.output) < r.params.max_tokens else r.finish_reason
+    _real_append(self, requests, tokens)
 
 
 FAULTS = [
@@ -118,17 +138,33 @@ FAULTS = [
         tests="test_greedy_generate_equals_token_by_token_recompute and eager-one-wave",
     ),
     Fault(
+        id="decode-feeds-survivors-by-batch-position",
+        kind="engine",
+        description="when a sequence finishes, the next decode step feeds the first samples of the last step "
+        "instead of each surviving sequence's own, so the sequences after it continue from a neighbour's token",
+        plant=patches(mock.patch.object(llm, "_survivors", _survivors_by_batch_position)),
+        tests="test_each_request_generates_what_it_generates_alone",
+    ),
+    Fault(
+        id="late-token-of-a-finished-sequence-kept",
+        kind="engine",
+        description="the token a stopped sequence got from the step it ran in after its stop token (the decode "
+        "loop sees stops one step late) is appended to its output",
+        plant=patches(mock.patch.object(LLM, "_append", _append_late_tokens_too)),
+        tests="test_a_stop_token_ends_the_sequence_and_is_reported",
+    ),
+    Fault(
         id="stop-token-not-checked",
         kind="engine",
         description="stop_token_ids do not end a sequence: it runs on to max_tokens",
-        plant=patches(mock.patch.object(LLM, "_sample", _sample_without("stop_token_ids", []))),
+        plant=patches(mock.patch.object(LLM, "_append", _without("_append", "stop_token_ids", []))),
         tests="test_a_stop_token_ends_the_sequence_and_is_reported",
     ),
     Fault(
         id="min-tokens-ignored",
         kind="engine",
         description="min_tokens does not keep EOS and stop tokens from being sampled early",
-        plant=patches(mock.patch.object(LLM, "_sample", _sample_without("min_tokens", 0))),
+        plant=patches(mock.patch.object(LLM, "_sample", _without("_sample", "min_tokens", 0))),
         tests="test_min_tokens_keeps_stop_tokens_from_being_sampled_early",
     ),
 ]

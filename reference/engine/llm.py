@@ -4,7 +4,10 @@ The engine batches statically. Prompts run in waves of at most ``max_num_seqs`` 
 prefilled (all prompts together, prompts of different lengths in one step, split into several steps
 when the wave has more than ``max_num_batched_tokens`` prompt tokens), then every unfinished sequence
 of the wave decodes one token per step until each one has finished (``max_tokens`` reached, EOS unless
-``ignore_eos``, or a stop token). The runner pads each step to a CUDA-graph capture size. There is no
+``ignore_eos``, or a stop token). Decode steps never wait for the host: each feeds the previous step's
+sampled ids on the device, and the host reads a step's tokens after issuing the next, so an EOS or stop
+token ends its sequence one step late (that step's token is dropped). The runner pads each step to a
+CUDA-graph capture size. There is no
 continuous batching: a new wave starts only when the last one is done, which keeps the engine small and
 makes a wave's decode batch exactly its unfinished sequences.
 """
@@ -27,6 +30,7 @@ from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams, sample
 from reference.models import registry
 from reference.ops import CustomOpSelection
+from reference.ops.attention_metadata import int_lists_to_device
 
 
 class LLM:
@@ -240,25 +244,65 @@ class LLM:
             logits = self.runner.step(new_tokens, [s for _, s, _ in chunks], [r.row for r, _, _ in chunks])  # [C, V]
             for request, s, n in chunks:
                 request.num_cached = s + n
-            done = [i for i, (r, _, _) in enumerate(chunks) if r.num_cached == len(r.prompt_token_ids)]
-            self._sample([chunks[i][0] for i in done], logits[done])
+            rows = [i for i, (r, _, _) in enumerate(chunks) if r.num_cached == len(r.prompt_token_ids)]
+            if rows:  # the wave's first tokens: the host waits for them once
+                done = [chunks[i][0] for i in rows]
+                self._append(done, self._sample(done, logits[rows], [0] * len(done)).tolist())
             pending = [r for r in pending if r.num_cached < len(r.prompt_token_ids)]
 
     def _decode(self, wave: list[Request]) -> None:
-        """One token per unfinished sequence per step until all have finished."""
-        while live := [r for r in wave if r.finish_reason is None]:
-            # feed each sequence's last token; the ones before it are cached
-            context = [r.num_tokens - 1 for r in live]
-            logits = self.runner.step([[r.output[-1]] for r in live], context, [r.row for r in live])  # [B, V]
-            self._sample(live, logits)
+        """One token per unfinished sequence per step until all have finished, never waiting for a step's
+        tokens before issuing the next.
 
-    def _sample(self, requests: list[Request], logits: torch.Tensor) -> None:
-        """Sample one token per request from ``logits`` [len(requests), V] float32 and check for the end."""
-        for i, r in enumerate(requests):
-            if r.banned_early and len(r.output) < r.params.min_tokens:
-                logits[i, r.banned_early] = float("-inf")
-        tokens = sample(logits, [r.params for r in requests], [r.generator for r in requests]).tolist()
+        Step n feeds the tokens step n-1 sampled straight from the device (the runner copies them into
+        its input buffer there), and the host reads step n-1's tokens (one non-blocking copy to pinned
+        memory) only once step n is queued. Stop tokens and EOS are therefore seen one step late: a
+        sequence that ended at step n-1 has run in step n too, and that token is dropped. ``max_tokens``
+        is known ahead and costs no extra step.
+        """
+        live = [r for r in wave if r.finish_reason is None]
+        tokens: list[list[int]] | torch.Tensor = [[r.output[-1]] for r in live]  # the prefill's, on the host
+        counts = [len(r.output) for r in live]  # tokens generated per sequence, read or still in flight
+        in_flight = None  # (requests, host copy of their sampled tokens [B], event after the copy)
+        while live:
+            context = [len(r.prompt_token_ids) + c - 1 for r, c in zip(live, counts)]  # the fed token is cached
+            logits = self.runner.step(tokens, context, [r.row for r in live])  # [B, V]
+            sampled = self._sample(live, logits, counts)  # [B] int64 on the device
+            step = (live, *_copy_to_host(sampled))
+            if in_flight is not None:
+                self._read(*in_flight)  # the previous step's tokens, while this step runs
+            in_flight = step
+            counts = [c + 1 for c in counts]
+            keep = [i for i, r in enumerate(live) if r.finish_reason is None and counts[i] < r.params.max_tokens]
+            live, counts = [live[i] for i in keep], [counts[i] for i in keep]
+            tokens = _survivors(sampled, keep)
+        if in_flight is not None:
+            self._read(*in_flight)
+
+    def _read(self, requests: list[Request], host_tokens: torch.Tensor, copied: "torch.cuda.Event | None") -> None:
+        """Wait for a step's sampled tokens to reach the host and append them (:meth:`_append`)."""
+        if copied is not None:
+            copied.synchronize()
+        self._append(requests, host_tokens.tolist())
+
+    def _sample(self, requests: list[Request], logits: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """One token per request from ``logits`` [len(requests), V] float32, where request ``i`` has
+        generated ``counts[i]`` tokens so far (``min_tokens`` bans its early stop tokens until then).
+
+        Returns:
+            [len(requests)] int64 on the logits' device, without waiting for the device.
+        """
+        for i, (r, count) in enumerate(zip(requests, counts)):
+            if r.banned_early and count < r.params.min_tokens:
+                logits[i].index_fill_(0, r.banned_index(logits.device), float("-inf"))
+        return sample(logits, [r.params for r in requests], [r.generator for r in requests])
+
+    def _append(self, requests: list[Request], tokens: list[int]) -> None:
+        """Append each request's new token and check for the end; requests already finished (their token
+        came from the step after their last) are left as they are."""
         for r, token in zip(requests, tokens):
+            if r.finish_reason is not None:
+                continue
             r.output.append(token)
             if token in r.params.stop_token_ids:
                 r.finish_reason, r.stop_reason = "stop", token
@@ -266,3 +310,23 @@ class LLM:
                 r.finish_reason = "stop"
             elif len(r.output) >= r.params.max_tokens:
                 r.finish_reason = "length"
+
+
+def _survivors(sampled: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """``sampled[keep]`` ([len(keep)] int64, the tokens the next step feeds), gathered on the device by a
+    staged index; ``sampled`` itself when every sequence goes on."""
+    if len(keep) == len(sampled):
+        return sampled
+    return sampled[int_lists_to_device([keep], sampled.device)[0]]
+
+
+def _copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """A non-blocking copy of ``tokens`` into pinned host memory and the event that marks it done (on a
+    CPU the tensor itself and None)."""
+    if not tokens.is_cuda:
+        return tokens, None
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied

@@ -11,6 +11,7 @@ import torch
 
 from reference.config import echo
 from reference.engine.sampling import SamplingParams, make_generator
+from reference.ops.attention_metadata import int_lists_to_device
 
 
 @dataclass
@@ -67,10 +68,18 @@ class Request:
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | None = None
+    _banned_index: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output)
+
+    def banned_index(self, device: torch.device) -> torch.Tensor:
+        """``banned_early`` as an int64 tensor on ``device``, copied there once per request (pinned, without
+        waiting for the device)."""
+        if self._banned_index is None:
+            self._banned_index = int_lists_to_device([self.banned_early], device)[0]
+        return self._banned_index
 
 
 class RequestBuilder:

@@ -147,7 +147,13 @@ class ModelRunner:
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         for layer in self.attention_layers.values():
             layer.kv_cache = torch.zeros(
-                2, max_num_seqs, max_model_len, layer.num_kv_heads, layer.head_size, dtype=self.dtype, device=self.device
+                2,
+                max_num_seqs,
+                max_model_len,
+                layer.num_kv_heads,
+                layer.head_size,
+                dtype=self.dtype,
+                device=self.device,
             )
         # at least 2 rows: the tracing call runs with 2 tokens even when a step may only have 1
         buffer_len = max(self.max_num_tokens, 2)
@@ -212,23 +218,33 @@ class ModelRunner:
         return StepDispatch(num_tokens, mode, BatchDescriptor(self.padded_size(num_tokens), uniform_decode))
 
     @torch.inference_mode()
-    def step(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
+    def step(
+        self, new_tokens: list[list[int]] | torch.Tensor, context_lens: list[int], rows: list[int]
+    ) -> torch.Tensor:
         """Append ``new_tokens[i]`` to sequence ``i`` (cache row ``rows[i]``, ``context_lens[i]`` tokens
         already cached) and return the logits after each sequence's last new token.
+
+        Args:
+            new_tokens: host lists, one per sequence; or, for a decode step, a [num_seqs] int64 tensor on
+                the model's device holding one new token per sequence (e.g. the previous step's samples),
+                which is copied on the device and never read by the host, so the step does not wait for
+                the work that produces it. Its ids are not range-checked (a sampler's are in range).
 
         Returns:
             [num_seqs, vocab] float32.
 
         Raises:
             ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, a sequence past
-                ``max_model_len``, a token id outside the vocabulary, or rows that repeat or lie outside
-                ``0..max_num_seqs - 1``.
+                ``max_model_len``, a token id outside the vocabulary, rows that repeat or lie outside
+                ``0..max_num_seqs - 1``, or a token tensor that is not [num_seqs] int64 on the model's device.
         """
         hidden, last_rows = self._run(new_tokens, context_lens, rows)
-        return self.model.compute_logits(hidden[last_rows])
+        return self.model.compute_logits(hidden if last_rows is None else hidden[last_rows])
 
     @torch.inference_mode()
-    def forward(self, new_tokens: list[list[int]], context_lens: list[int], rows: list[int]) -> torch.Tensor:
+    def forward(
+        self, new_tokens: list[list[int]] | torch.Tensor, context_lens: list[int], rows: list[int]
+    ) -> torch.Tensor:
         """Like :meth:`step` but returns the hidden states of all real tokens, [n, H] (graph memory for
         CUDA-graph sizes: valid until the next call)."""
         return self._run(new_tokens, context_lens, rows)[0]
@@ -238,13 +254,19 @@ class ModelRunner:
 
         Returns:
             hidden [n, H] of the real tokens, and [num_seqs] int64 device indices of each sequence's
-            last token in it.
+            last token in it (None for a decode step, where every token is its sequence's last).
         """
-        ids = [t for seq in new_tokens for t in seq]
-        n = len(ids)
+        on_device = isinstance(new_tokens, torch.Tensor)
+        if on_device:
+            self._check_device_tokens(new_tokens, rows)
+            ids, query_lens = [], [1] * len(rows)  # ids stay on the device
+        else:
+            ids = [t for seq in new_tokens for t in seq]
+            query_lens = [len(seq) for seq in new_tokens]
+        n = sum(query_lens)
         if not 0 < n <= self.max_num_tokens:
             raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
+        if not on_device and (min(ids) < 0 or max(ids) >= self.vocab_size):
             # checked here: the embedding would index out of range (a device-side assert on CUDA)
             raise ValueError(f"token ids: expected ints in 0..{self.vocab_size - 1}, got {sorted(set(ids))[-1]}")
         if len(set(rows)) != len(rows) or not all(0 <= r < self.max_num_seqs for r in rows):
@@ -252,12 +274,12 @@ class ModelRunner:
             raise ValueError(
                 f"rows: expected distinct KV-cache rows in 0..{self.max_num_seqs - 1} (max_num_seqs), got {rows}"
             )
-        query_lens = [len(seq) for seq in new_tokens]
         seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
         positions = [p for c, q in zip(context_lens, query_lens) for p in range(c, c + q)]
         slots = AttentionMetadata.slot_mapping_list(query_lens, seq_lens, rows, self.max_model_len)
-        last_rows = [end - 1 for end in itertools.accumulate(query_lens)]
-        dispatch = self.dispatch(n, uniform_decode=all(q == 1 for q in query_lens))
+        uniform_decode = all(q == 1 for q in query_lens)
+        last_rows = [] if uniform_decode else [end - 1 for end in itertools.accumulate(query_lens)]
+        dispatch = self.dispatch(n, uniform_decode)
         size = dispatch.descriptor.num_tokens
         full = dispatch.runtime_mode == "FULL"
         if full:  # lengths and rows padded to the graph's size, into the static buffer below
@@ -272,7 +294,7 @@ class ModelRunner:
         if full:
             per_seq_tensors = self._into_static_metadata(per_seq_tensors[0], size)
         metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, slot_mapping, *per_seq_tensors)
-        self.input_ids[:n].copy_(staged_ids)
+        self.input_ids[:n].copy_(new_tokens if on_device else staged_ids)  # device to device, or the staged ids
         self.positions[:n].copy_(staged_positions)
         if getattr(self.compiled, "awaits_trace", False):
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
@@ -283,7 +305,19 @@ class ModelRunner:
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
         self.last_dispatch = dispatch
         self.dispatch_counts[dispatch.runtime_mode] += 1
-        return hidden[:n], last_rows_tensor
+        return hidden[:n], None if uniform_decode else last_rows_tensor
+
+    def _check_device_tokens(self, tokens: torch.Tensor, rows: list[int]) -> None:
+        """A decode step's token tensor must be [len(rows)] int64 on the model's device.
+
+        Raises:
+            ValueError: naming what differs.
+        """
+        if tokens.shape != (len(rows),) or tokens.dtype != torch.int64 or tokens.device != self.device:
+            raise ValueError(
+                f"new_tokens: a token tensor must be [{len(rows)}] (one per sequence) int64 on {self.device}, got "
+                f"{list(tokens.shape)} {str(tokens.dtype).removeprefix('torch.')} on {tokens.device}"
+            )
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
         """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the
@@ -345,4 +379,3 @@ class ModelRunner:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-

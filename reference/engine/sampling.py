@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from reference.ops.attention_metadata import int_lists_to_device
+
 # Below this temperature, logits / temperature overflows float32 for ordinary logit magnitudes.
 MIN_TEMPERATURE = 1e-2
 
@@ -191,7 +193,9 @@ def sample(
     # temperature, top_k (exact in float32 below 2**24) and top_p of the sampled rows: [3, b]
     staged = _to_device([[params[i].temperature for i in rows], ks, [params[i].top_p for i in rows]], logits.device)
     temperature, top_k, top_p = staged[0].to(logits.dtype), staged[1].long(), staged[2].to(logits.dtype)
-    scaled = logits[rows] / temperature[:, None]  # [b, V]
+    # the sampled rows, gathered by a staged index (a list index would be a synchronising copy)
+    picked = logits if len(rows) == batch else logits[int_lists_to_device([rows], logits.device)[0]]
+    scaled = picked / temperature[:, None]  # [b, V]
     if nucleus:  # top-p needs the sorted distribution
         scaled = apply_top_k_top_p(scaled, top_k, top_p)
     elif restricting:  # top-k alone: the k largest, no sort of the vocabulary
