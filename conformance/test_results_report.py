@@ -42,6 +42,20 @@ def test_a_pytest_benchmark_file_gives_the_step_medians_and_their_floor():
     assert all(r.measure == "decode step B=8" and r.floor_s == pytest.approx(3.548e-3, rel=1e-3) for r in rows)
 
 
+def test_a_round_of_back_to_back_steps_is_read_per_step(tmp_path):
+    """perf/'s back-to-back benchmark times rounds of several decode steps; a row is one step."""
+    doc = json.loads(STEP_NEW.read_text())
+    for b in doc["benchmarks"]:
+        b["name"] = b["name"].replace("test_decode_step_latency", "test_decode_steps_back_to_back")
+        b["extra_info"]["steps_per_round"] = 16
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(doc))
+    rows = read_rows(path)
+    assert [r.latency_s for r in rows] == [b["stats"]["median"] / 16 for b in doc["benchmarks"]]
+    assert [r.iqr_s for r in rows] == [b["stats"]["iqr"] / 16 for b in doc["benchmarks"]]
+    assert all(r.measure == "decode step back to back B=8" for r in rows)
+
+
 def test_the_table_has_a_row_per_model_and_measure_and_a_column_per_mode():
     rows = read_rows(GENERATE) + read_rows(STEP_NEW)
     lines = latency_table(rows).splitlines()

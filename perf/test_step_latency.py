@@ -15,6 +15,8 @@ from reference.compilation import compilation_counter
 # Explicit rounds (one call each) after explicit warm-up rounds; the runner is compiled and captured before.
 PREFILL_ROUNDS, PREFILL_WARMUP = 20, 3
 DECODE_ROUNDS, DECODE_WARMUP = 50, 5
+# Back-to-back decode: rounds of DECODE_CHAIN steps with one synchronize at the end.
+DECODE_CHAIN, CHAIN_ROUNDS, CHAIN_WARMUP = 16, 10, 2
 
 
 def _timed_step(run, device: torch.device):
@@ -31,9 +33,12 @@ def _tokens(vocab_size: int, batch_size: int, length: int) -> list[list[int]]:
     return torch.randint(vocab_size, (batch_size, length), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-def _check_and_describe(benchmark, run, settings, logits, tokens_per_step: int) -> float | None:
-    """Assert the steps ran the warmed-up runner as is; fill ``extra_info``; return the median (s) or None
-    when benchmarking is disabled (``--benchmark-disable`` runs the step once, untimed)."""
+def _check_and_describe(
+    benchmark, run, settings, logits, tokens_per_step: int, steps_per_round: int = 1
+) -> float | None:
+    """Assert the steps ran the warmed-up runner as is; fill ``extra_info``; return the median per step
+    (s: a round's median / ``steps_per_round``) or None when benchmarking is disabled
+    (``--benchmark-disable`` runs a round once, untimed)."""
     assert logits.shape == (settings.batch_size, run.vocab_size) and logits.dtype == torch.float32
     assert torch.isfinite(logits).all(), "non-finite logits: the timed step did not compute what it should"
     # A re-trace or a capture after warm-up would put start-up work into the timed steps.
@@ -49,11 +54,12 @@ def _check_and_describe(benchmark, run, settings, logits, tokens_per_step: int) 
         batch_size=settings.batch_size,
         input_len=settings.input_len,
         tokens_per_step=tokens_per_step,
+        steps_per_round=steps_per_round,
     )
     info.update(run.take_startup())
     if not benchmark.stats:
         return None
-    median, iqr = benchmark.stats.stats.median, benchmark.stats.stats.iqr
+    median, iqr = benchmark.stats.stats.median / steps_per_round, benchmark.stats.stats.iqr / steps_per_round
     info["tokens_per_s"] = tokens_per_step / median
     if iqr > IQR_WARNING * median:
         warnings.warn(
@@ -95,9 +101,46 @@ def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf
         warmup_rounds=DECODE_WARMUP,
     )
     median = _check_and_describe(benchmark, perf_run, perf_settings, logits, tokens_per_step=b)
-    benchmark.extra_info["weight_bytes"] = perf_run.weight_bytes
+    _describe_floor(benchmark, perf_run, bandwidth, median)
+    perf_report(benchmark.name, median, benchmark.extra_info)
+
+
+def test_decode_steps_back_to_back(benchmark, perf_run, perf_settings, bandwidth, perf_report):
+    """``DECODE_CHAIN`` decode steps issued without waiting, each fed the previous step's greedy tokens on
+    the device (as the engine's decode loop does), then one synchronize; reported per step.
+
+    This is the step time of a decode loop that never waits: the host's preparation of a step overlaps
+    the device's work on the one before, so a step costs the device's time unless the host falls behind
+    (``test_decode_step_latency`` pays the host's part and the LM head's launch on every step).
+    """
+    b, n = perf_settings.batch_size, perf_settings.input_len
+    tokens, rows = _tokens(perf_run.vocab_size, b, n + 1), list(range(b))
+    perf_run.runner.step([t[:n] for t in tokens], [0] * b, rows)
+    first = torch.tensor([t[n] for t in tokens], device=perf_settings.device)
+
+    def chain():
+        fed = first
+        for _ in range(DECODE_CHAIN):
+            logits = perf_run.runner.step(fed, [n] * b, rows)  # the same position each step: the same work
+            fed = logits.argmax(-1)
+        if perf_settings.device.type == "cuda":
+            torch.cuda.synchronize(perf_settings.device)
+        return logits
+
+    logits = benchmark.pedantic(chain, rounds=CHAIN_ROUNDS, warmup_rounds=CHAIN_WARMUP)
+    median = _check_and_describe(
+        benchmark, perf_run, perf_settings, logits, tokens_per_step=b, steps_per_round=DECODE_CHAIN
+    )
+    _describe_floor(benchmark, perf_run, bandwidth, median)
+    perf_report(benchmark.name, median, benchmark.extra_info)
+
+
+def _describe_floor(benchmark, run, bandwidth, median: float | None) -> None:
+    """``extra_info`` of a decode benchmark: weight bytes per step and, on CUDA, the floor (weight bytes /
+    bandwidth) and the per-step median's ratio to it."""
+    benchmark.extra_info["weight_bytes"] = run.weight_bytes
     if bandwidth is not None and median is not None:
-        floor_s = perf_run.weight_bytes / bandwidth.bytes_per_s
+        floor_s = run.weight_bytes / bandwidth.bytes_per_s
         benchmark.extra_info.update(
             bandwidth_bytes_per_s=bandwidth.bytes_per_s,
             bandwidth_source=bandwidth.source,
@@ -105,4 +148,3 @@ def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf
             floor_ms=floor_s * 1e3,
             ratio_to_floor=median / floor_s,
         )
-    perf_report(benchmark.name, median, benchmark.extra_info)
