@@ -391,16 +391,17 @@ def test_a_decode_step_does_not_synchronise_with_the_device(mode):
     prompts = ragged_prompts(4, llm.vocab_size)
     requests = llm.requests.make(prompts, params)
     rows, context = [0, 1, 2, 3], [len(p) for p in prompts]
-    tokens = llm.runner.step(prompts, [0] * 4, rows).argmax(-1)  # [4] on the device
-    for _ in range(2):  # warm: graphs replay, kernels are compiled, the bans' index is on the device
-        tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
+    with torch.inference_mode():  # as in generate
+        tokens = llm.runner.step(prompts, [0] * 4, rows).argmax(-1)  # [4] on the device
+        for _ in range(2):  # warm: graphs replay, kernels are compiled, the bans' index is on the device
             tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     assert tokens.shape == (4,) and tokens.is_cuda
     if mode != "eager":
         assert llm.runner.dispatch_counts[{"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]] >= 5
