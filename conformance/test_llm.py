@@ -376,32 +376,44 @@ def test_inductor_with_padded_decode_batches_matches_the_oracle():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["eager", "no_inductor", "no_inductor_full"])
-def test_a_decode_step_does_not_synchronise_with_the_device(mode):
-    """Issue 9's decode loop: a step fed the previous step's samples, and the sampling of its logits
-    (greedy, temperature, top-k, top-p, min_tokens' bans), makes no call that waits for the device
-    (``torch.cuda.set_sync_debug_mode('error')`` raises on any). The host waits only where the engine
-    reads a step's tokens, one step later."""
+def test_the_decode_loop_waits_for_the_device_only_to_read_tokens_one_step_late(mode, monkeypatch):
+    """Issue 9's decode loop: a wave's decode steps (the runner fed the previous step's samples, the
+    sampling of greedy, temperature, top-k, top-p and min_tokens' bans, the survivors' tokens gathered
+    as sequences finish) make no call that waits for the device (``torch.cuda.set_sync_debug_mode('error')``
+    raises on any), except the one deliberate wait: reading a step's tokens after the next is issued."""
     llm = make_llm("llama-tiny", mode, device="cuda", max_num_seqs=4)
     params = [
-        greedy(8),
-        SamplingParams(temperature=0.8, max_tokens=8, seed=1),
-        SamplingParams(temperature=0.8, top_k=20, max_tokens=8, seed=2),
-        SamplingParams(temperature=0.8, top_p=0.9, min_tokens=4, stop_token_ids=[7], max_tokens=8, seed=3),
+        greedy(8, ignore_eos=True),  # the longest: 7 decode steps
+        SamplingParams(temperature=0.8, max_tokens=5, seed=1),
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=7, seed=2),
+        SamplingParams(temperature=0.8, top_p=0.9, min_tokens=2, stop_token_ids=[7], max_tokens=8, seed=3),
     ]
     prompts = ragged_prompts(4, llm.vocab_size)
-    requests = llm.requests.make(prompts, params)
-    rows, context = [0, 1, 2, 3], [len(p) for p in prompts]
+    llm.generate(prompts, params, use_tqdm=False)  # warm: graphs, kernels, pinned host blocks
+    wave = llm.requests.make(prompts, params)
+    for row, request in enumerate(wave):
+        request.row = row
+    reads = []
+    real_read = LLM._read
+
+    def read(self, *args):  # the deliberate wait, allowed
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            real_read(self, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+        reads.append(len(args[0]))
+
+    monkeypatch.setattr(LLM, "_read", read)
     with torch.inference_mode():  # as in generate
-        tokens = llm.runner.step(prompts, [0] * 4, rows).argmax(-1)  # [4] on the device
-        for _ in range(2):  # warm: graphs replay, kernels are compiled, the bans' index is on the device
-            tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
+        llm._prefill(wave)  # waits once for the first tokens, by design
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            for _ in range(3):
-                tokens = llm._sample(requests, llm.runner.step(tokens, context, rows), [0] * 4)
+            llm._decode(wave)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert tokens.shape == (4,) and tokens.is_cuda
+    assert all(r.finish_reason is not None for r in wave)
+    assert len(wave[0].output) == 8 and len(reads) == 7  # one read per decode step
     if mode != "eager":
-        assert llm.runner.dispatch_counts[{"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]] >= 5
+        assert llm.runner.dispatch_counts[{"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]] >= len(reads)

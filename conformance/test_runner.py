@@ -47,7 +47,12 @@ def test_padded_size_is_the_smallest_capture_size_that_fits(impl):
 def test_capture_sizes_above_the_token_budget_are_dropped(impl):
     runner = make_runner(
         impl,
-        "no_inductor", HF, device="cuda", dtype=torch.bfloat16, max_num_batched_tokens=20, max_cudagraph_capture_size=32
+        "no_inductor",
+        HF,
+        device="cuda",
+        dtype=torch.bfloat16,
+        max_num_batched_tokens=20,
+        max_cudagraph_capture_size=32,
     )
     assert runner.capture_sizes == (1, 2, 4, 8, 16)
     assert [runner.padded_size(n) for n in (3, 9, 16, 17, 20)] == [4, 16, 16, 17, 20]
@@ -129,19 +134,33 @@ def test_a_decode_step_fed_a_device_tensor_equals_the_step_fed_host_lists(mode, 
 
 
 BAD_TOKEN_TENSORS = [
-    pytest.param(torch.tensor([1, 2]), r"\[3\] \(one per sequence\) int64 on cpu, got \[2\] int64", id="too_few"),
-    pytest.param(torch.tensor([[1, 2, 3]]), r".* got \[1, 3\] int64", id="two_dims"),
-    pytest.param(torch.tensor([1, 2, 3], dtype=torch.int32), r".* got \[3\] int32", id="int32"),
-    pytest.param(torch.tensor([1.0, 2.0, 3.0]), r".* got \[3\] float32", id="float"),
+    pytest.param(
+        torch.tensor([1, 2]), r"a token tensor must be \[3\] \(one per sequence\) int64 on cpu, got \[2\]", id="too_few"
+    ),
+    pytest.param(torch.tensor([[1, 2, 3]]), r"a token tensor .* got \[1, 3\] int64", id="two_dims"),
+    pytest.param(torch.tensor([1, 2, 3], dtype=torch.int32), r"a token tensor .* got \[3\] int32", id="int32"),
+    pytest.param(torch.tensor([1.0, 2.0, 3.0]), r"a token tensor .* got \[3\] float32", id="float"),
+    pytest.param(
+        torch.tensor([1, HF.vocab_size, 3]),
+        rf"expected ids in 0\.\.{HF.vocab_size - 1}, got 1\.\.{HF.vocab_size}",
+        id="past_vocab",
+    ),
+    pytest.param(torch.tensor([1, -1, 3]), r"expected ids in 0\.\..*, got -1\.\.3", id="negative"),
 ]
 
 
-@pytest.mark.eager
+@pytest.mark.no_inductor
 @pytest.mark.parametrize("tokens, message", BAD_TOKEN_TENSORS)
-def test_a_bad_token_tensor_is_refused_naming_new_tokens(tokens, message, impl):
-    runner = make_runner(impl, "eager", HF, max_num_seqs=4)
-    with pytest.raises(ValueError, match=rf"^new_tokens: a token tensor must be {message}"):
-        runner.step(tokens, [0, 0, 0], [0, 1, 2])
+def test_a_bad_token_tensor_is_refused_naming_new_tokens_and_leaves_the_runner_usable(tokens, message, impl):
+    """A padded runner (capture sizes 1, 2, 4): a refused tensor must not leave its ids in the input
+    buffer, where later steps would read them as padding."""
+    runner = make_runner(impl, "no_inductor", HF, max_num_seqs=4)
+    rows, context = [0, 1, 2], [1, 1, 1]
+    runner.step([[5], [6], [7]], [0, 0, 0], rows)
+    expected = runner.step(torch.tensor([8, 9, 10]), context, rows)  # padded to 4
+    with pytest.raises(ValueError, match=rf"^new_tokens: {message}"):
+        runner.step(tokens, context, rows)
+    torch.testing.assert_close(runner.step(torch.tensor([8, 9, 10]), context, rows), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mode", RUNNER_MODES)
@@ -173,6 +192,7 @@ BAD_STEPS = [
     pytest.param([[1], []], [0, 0], [0, 1], r"need 0 < query_len \(0\)", id="empty_sequence"),
     pytest.param([[1], [2]], [0], [0, 1], "one entry per sequence", id="fewer_context_lens_than_sequences"),
     pytest.param([[1], [2]], [0, 0], [0], "one entry per sequence", id="fewer_rows_than_sequences"),
+    pytest.param([[1]], [0, 0], [0], "one entry per sequence", id="more_context_lens_than_sequences"),
     pytest.param([[1]], [0], [2], r"rows: .*0\.\.1 \(max_num_seqs\), got \[2\]", id="row_past_max_num_seqs"),
     pytest.param([[1]], [0], [-1], r"rows: .*0\.\.1 \(max_num_seqs\), got \[-1\]", id="negative_row"),
     pytest.param([[1], [2]], [0, 0], [1, 1], r"rows: expected distinct .*got \[1, 1\]", id="two_sequences_one_row"),

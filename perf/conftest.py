@@ -280,7 +280,8 @@ def pytest_terminal_summary(terminalreporter, config):
         if median is None:
             terminalreporter.write_line(f"{name}: not timed (benchmarks disabled)")
             continue
-        parts = [f"{name}: {median * 1e3:.3f} ms", f"{info['tokens_per_s']:,.0f} tokens/s"]
+        per_step = f" per step (rounds of {info['steps_per_round']})" if info.get("steps_per_round", 1) > 1 else ""
+        parts = [f"{name}: {median * 1e3:.3f} ms{per_step}", f"{info['tokens_per_s']:,.0f} tokens/s"]
         if "floor_ms" in info:
             parts.append(f"floor {info['floor_ms']:.3f} ms ({info['bandwidth_source']}), {info['ratio_to_floor']:.2f}x")
         if "compile_s" in info:

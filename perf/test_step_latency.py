@@ -61,6 +61,7 @@ def _check_and_describe(
         return None
     median, iqr = benchmark.stats.stats.median / steps_per_round, benchmark.stats.stats.iqr / steps_per_round
     info["tokens_per_s"] = tokens_per_step / median
+    info["step_median_s"] = median  # pytest-benchmark's own stats are per round
     if iqr > IQR_WARNING * median:
         warnings.warn(
             f"{benchmark.name}: the rounds spread by {iqr / median:.0%} of the median (IQR); the machine may be "

@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n\n".join(
         [
             "# Latency by model and mode",
-            f"p50 per call, with its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed "
-            f"calls' interquartile range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
+            f"p50 per call (per step for 'back to back' rows: a timed round of several steps / its steps), with "
+            f"its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed calls' interquartile "
+            f"range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
             latency_table(rows),
             "## Start-up and graph memory",
             startup_table(rows),

@@ -4,12 +4,12 @@ The engine batches statically. Prompts run in waves of at most ``max_num_seqs`` 
 prefilled (all prompts together, prompts of different lengths in one step, split into several steps
 when the wave has more than ``max_num_batched_tokens`` prompt tokens), then every unfinished sequence
 of the wave decodes one token per step until each one has finished (``max_tokens`` reached, EOS unless
-``ignore_eos``, or a stop token). Decode steps never wait for the host: each feeds the previous step's
-sampled ids on the device, and the host reads a step's tokens after issuing the next, so an EOS or stop
-token ends its sequence one step late (that step's token is dropped). The runner pads each step to a
-CUDA-graph capture size. There is no
-continuous batching: a new wave starts only when the last one is done, which keeps the engine small and
-makes a wave's decode batch exactly its unfinished sequences.
+``ignore_eos``, or a stop token). The host never waits for a decode step before issuing the next: each
+step feeds the previous step's sampled ids on the device, and the host reads a step's tokens after
+issuing the next, so an EOS or stop token ends its sequence one step late (that step's token is
+dropped). The runner pads each step to a CUDA-graph capture size. There is no continuous batching: a new
+wave starts only when the last one is done, which keeps the engine small and makes a wave's decode batch
+exactly its unfinished sequences (and, for one step, those that have just stopped).
 """
 
 from __future__ import annotations
@@ -244,10 +244,10 @@ class LLM:
             logits = self.runner.step(new_tokens, [s for _, s, _ in chunks], [r.row for r, _, _ in chunks])  # [C, V]
             for request, s, n in chunks:
                 request.num_cached = s + n
-            rows = [i for i, (r, _, _) in enumerate(chunks) if r.num_cached == len(r.prompt_token_ids)]
-            if rows:  # the wave's first tokens: the host waits for them once
-                done = [chunks[i][0] for i in rows]
-                self._append(done, self._sample(done, logits[rows], [0] * len(done)).tolist())
+            last_chunks = [i for i, (r, _, _) in enumerate(chunks) if r.num_cached == len(r.prompt_token_ids)]
+            if last_chunks:  # the wave's first tokens: the host waits for them once
+                done = [chunks[i][0] for i in last_chunks]
+                self._append(done, self._sample(done, logits[last_chunks], [0] * len(done)).tolist())
             pending = [r for r in pending if r.num_cached < len(r.prompt_token_ids)]
 
     def _decode(self, wave: list[Request]) -> None:
@@ -259,6 +259,11 @@ class LLM:
         memory) only once step n is queued. Stop tokens and EOS are therefore seen one step late: a
         sequence that ended at step n-1 has run in step n too, and that token is dropped. ``max_tokens``
         is known ahead and costs no extra step.
+
+        The price: a wave whose last sequences end on a stop token or EOS runs one step with nothing left
+        to generate (on a GPU one step's device time, against the host time saved on every step; vLLM's
+        asynchronous scheduling makes the same trade). On a CPU nothing overlaps and the extra steps are
+        pure cost; the loop is the same there anyway, so that the CPU suite checks the loop GPUs run.
         """
         live = [r for r in wave if r.finish_reason is None]
         tokens: list[list[int]] | torch.Tensor = [[r.output[-1]] for r in live]  # the prefill's, on the host

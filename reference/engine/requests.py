@@ -70,10 +70,6 @@ class Request:
     stop_reason: int | None = None
     _banned_index: torch.Tensor | None = field(default=None, repr=False)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output)
-
     def banned_index(self, device: torch.device) -> torch.Tensor:
         """``banned_early`` as an int64 tensor on ``device``, copied there once per request (pinned, without
         waiting for the device)."""

@@ -18,8 +18,9 @@ The runner is the only caller of the compiled model, and it keeps the promises C
 * A full graph replays attention too, so its metadata cannot be fresh tensors: each sequence's length and
   cache row are copied into one static buffer, padded with length 0 (attention skips such rows), before
   every full-graph step.
-* The model's output aliases graph memory; the runner gathers the rows it needs into a fresh tensor
-  before the next step can overwrite it.
+* The model's output aliases graph memory; ``step`` computes the logits from it (a fresh tensor) before
+  the next step can overwrite it, after gathering each sequence's last row when a sequence has several
+  new tokens (a decode step's rows are all last rows and are read in place).
 """
 
 from __future__ import annotations
@@ -228,14 +229,17 @@ class ModelRunner:
             new_tokens: host lists, one per sequence; or, for a decode step, a [num_seqs] int64 tensor on
                 the model's device holding one new token per sequence (e.g. the previous step's samples),
                 which is copied on the device and never read by the host, so the step does not wait for
-                the work that produces it. Its ids are not range-checked (a sampler's are in range).
+                the work that produces it. On CUDA its ids are not range-checked (that would wait for the
+                device; a sampler's are in range, and an id past the vocabulary is a device-side assert in
+                the embedding); on a CPU they are.
 
         Returns:
             [num_seqs, vocab] float32.
 
         Raises:
             ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, a sequence past
-                ``max_model_len``, a token id outside the vocabulary, rows that repeat or lie outside
+                ``max_model_len``, a token id outside the vocabulary (host lists, and tensors on a CPU),
+                ``context_lens`` or ``new_tokens`` not one per row, rows that repeat or lie outside
                 ``0..max_num_seqs - 1``, or a token tensor that is not [num_seqs] int64 on the model's device.
         """
         hidden, last_rows = self._run(new_tokens, context_lens, rows)
@@ -249,7 +253,7 @@ class ModelRunner:
         CUDA-graph sizes: valid until the next call)."""
         return self._run(new_tokens, context_lens, rows)[0]
 
-    def _run(self, new_tokens, context_lens, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, new_tokens, context_lens, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Checks, one host-to-device copy of every int the step needs, the compiled forward.
 
         Returns:
@@ -266,6 +270,11 @@ class ModelRunner:
         n = sum(query_lens)
         if not 0 < n <= self.max_num_tokens:
             raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
+        if len(context_lens) != len(rows) or len(query_lens) != len(rows):
+            raise ValueError(
+                f"new_tokens ({len(query_lens)}), context_lens ({len(context_lens)}) and rows ({len(rows)}): "
+                "expected one entry per sequence in each"
+            )
         if not on_device and (min(ids) < 0 or max(ids) >= self.vocab_size):
             # checked here: the embedding would index out of range (a device-side assert on CUDA)
             raise ValueError(f"token ids: expected ints in 0..{self.vocab_size - 1}, got {sorted(set(ids))[-1]}")
@@ -308,7 +317,8 @@ class ModelRunner:
         return hidden[:n], None if uniform_decode else last_rows_tensor
 
     def _check_device_tokens(self, tokens: torch.Tensor, rows: list[int]) -> None:
-        """A decode step's token tensor must be [len(rows)] int64 on the model's device.
+        """A decode step's token tensor must be [len(rows)] int64 on the model's device (and, on a CPU,
+        inside the vocabulary).
 
         Raises:
             ValueError: naming what differs.
@@ -317,6 +327,12 @@ class ModelRunner:
             raise ValueError(
                 f"new_tokens: a token tensor must be [{len(rows)}] (one per sequence) int64 on {self.device}, got "
                 f"{list(tokens.shape)} {str(tokens.dtype).removeprefix('torch.')} on {tokens.device}"
+            )
+        if tokens.device.type == "cpu" and len(tokens) and not (0 <= tokens.min() and tokens.max() < self.vocab_size):
+            # checked where it costs no wait: the embedding would fail, and the id would stay in the
+            # input buffer as the padding of later steps
+            raise ValueError(
+                f"new_tokens: expected ids in 0..{self.vocab_size - 1}, got {int(tokens.min())}..{int(tokens.max())}"
             )
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
