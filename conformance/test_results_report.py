@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 
 from reference.benchmark.results import newest, read_rows
-from reference.benchmark.summary import comparison_table, latency_table
+from reference.benchmark.summary import comparison_table, latency_table, startup_table
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
 STEP_OLD = ROOT / "perf/results/step-llama-3.1-8b-decode-old-20261201.json"
 STEP_NEW = ROOT / "perf/results/step-llama-3.1-8b-decode-new-20261201.json"
 STEP_FULL = ROOT / "perf/results/step-llama-3.1-8b-decode-full-20261201.json"  # breakable, no_inductor, *_full
+STEP_LOOP = ROOT / "perf/results/step-llama-3.1-8b-decode-loop-20261201.json"  # six modes and torch-native
+GENERATE_LOOP = ROOT / "perf/results/llama-3.1-8b-20261201-160646.json"  # six modes, no baselines
 
 pytestmark = pytest.mark.requires("components")
 
@@ -54,6 +56,27 @@ def test_a_round_of_back_to_back_steps_is_read_per_step(tmp_path):
     assert [r.latency_s for r in rows] == [b["stats"]["median"] / 16 for b in doc["benchmarks"]]
     assert [r.iqr_s for r in rows] == [b["stats"]["iqr"] / 16 for b in doc["benchmarks"]]
     assert all(r.measure == "decode step back to back B=8" for r in rows)
+
+
+def test_step_files_alone_give_each_modes_start_up_from_its_first_test():
+    doc = json.loads(STEP_LOOP.read_text())
+    first = {}  # mode -> compile + capture of the first benchmark that records them
+    for b in doc["benchmarks"]:
+        info = b["extra_info"]
+        if "compile_s" in info:
+            first.setdefault(info["mode"], info["compile_s"] + info["capture_s"])
+    table = startup_table(read_rows(STEP_LOOP))
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(first) == 7  # six modes and torch-native
+    for mode, startup in first.items():
+        assert f"| llama-3.1-8b | {mode} | {startup:.2f} s |" in table
+
+
+def test_a_generate_row_gives_the_start_up_where_both_kinds_of_file_have_one():
+    table = startup_table(read_rows(STEP_LOOP) + read_rows(GENERATE_LOOP))
+    generate = {r.mode: r.startup_s for r in read_rows(GENERATE_LOOP)}
+    assert f"| llama-3.1-8b | no_inductor | {generate['no_inductor']:.2f} s |" in table
+    assert len(table.splitlines()) == 2 + 7  # one row per mode: six modes and torch-native
 
 
 def test_the_table_has_a_row_per_model_and_measure_and_a_column_per_mode():

@@ -36,14 +36,21 @@ def latency_table(rows: list[Row]) -> str:
 
 
 def startup_table(rows: list[Row]) -> str:
-    """| model | mode | start-up | graph memory |, for the generate measures (where the engine starts)."""
+    """| model | mode | start-up | graph memory |, one row per model and mode: from a generate measure
+    (bench_latency, where the engine starts) when there is one, else from perf/'s step benchmarks (whose
+    first test per mode records the runner's start-up)."""
     lines = [
         "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
         "|---|---|---|---|",
     ]
+    chosen: dict[tuple[str, str], Row] = {}
     for r in rows:
-        if not r.measure.startswith("generate") or r.startup_s is None:
+        if r.startup_s is None:
             continue
+        key = (r.model, r.mode)
+        if key not in chosen or (r.measure.startswith("generate") and not chosen[key].measure.startswith("generate")):
+            chosen[key] = r
+    for r in chosen.values():
         graph = f"{r.graph_gib:.3f} GiB" if r.graph_gib is not None else "-"
         lines.append(f"| {r.model} | {r.mode} | {r.startup_s:.2f} s | {graph} |")
     return "\n".join(lines)
