@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference.ops.attention import attention_torch
+from reference.ops.attention import attention_impl, attention_torch
 from reference.ops.attention_metadata import AttentionMetadata
 from reference.ops.library import HAS_TRITON
 
@@ -68,9 +68,11 @@ def test_rotary_kernel_matches_torch_on_strided_views(dtype_tol):
     d, heads = 128, 32
     cache = cos_sin_table(1.0 / (500000 ** (torch.arange(0, d, 2).float() / d)), 4096).cuda()
     qkv = torch.randn(9, (heads + 16) * d, device="cuda", dtype=dtype)
-    q = qkv[:, : heads * d]  # strided view, as the model passes it
+    q, k = qkv[:, : heads * d], qkv[:, heads * d : (heads + 8) * d]  # strided views, as the model passes them
     positions = torch.randint(0, 4096, (9,), device="cuda")
-    torch.testing.assert_close(_tk().rotary(positions, q, cache, d), rotate_reference(positions, q, cache, d), **tol)
+    rotated_q, rotated_k = _tk().rotary(positions, q, k, cache, d)  # q and k in one launch
+    torch.testing.assert_close(rotated_q, rotate_reference(positions, q, cache, d), **tol)
+    torch.testing.assert_close(rotated_k, rotate_reference(positions, k, cache, d), **tol)
 
 
 @pytest.mark.parametrize(
@@ -109,3 +111,43 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
     assert outs[0][3:].isnan().all(), "padding rows must not be written"
     atol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[0][:3], outs[1][:3], rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "window,softcap", [(None, None), (7, None), (None, 30.0), (20, 30.0)],
+    ids=["full", "sliding_window", "softcap", "window_and_softcap"],
+)
+@pytest.mark.parametrize("group", [1, 4, 5])
+@pytest.mark.parametrize("head_size", [64, 256])
+def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group, head_size):
+    """One variable-length launch for a mixed step: a prompt from an empty cache longer than a query block,
+    a chunk after cached context, a one-token (decode) sequence and a short prompt; non-consecutive cache
+    rows; three padding rows, which must not be written."""
+
+    class Layer:
+        num_kv_heads = 2
+        num_heads = 2 * group
+        scale = head_size**-0.5
+        sliding_window, logits_soft_cap = window, softcap
+
+    dtype, _ = dtype_tol
+    layer, d = Layer(), head_size
+    layer.head_size = d
+    query_lens, context, rows, max_len = [70, 9, 1, 3], [0, 40, 100, 0], [3, 0, 5, 1], 160
+    seq_lens = [c + q for c, q in zip(context, query_lens)]
+    n = sum(query_lens)
+    cache = torch.randn(2, 6, max_len, 2, d, device="cuda", dtype=dtype)
+    qkv = torch.randn(n + 3, (layer.num_heads + 4) * d, device="cuda", dtype=dtype)
+    q, k, v = qkv.split([layer.num_heads * d, 2 * d, 2 * d], dim=-1)
+    md = AttentionMetadata.build(query_lens, seq_lens, rows, max_len, "cuda")
+    outs, caches = [], []
+    for path in ("triton", "torch"):
+        layer.kv_cache = cache.clone()
+        out = torch.full((n + 3, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
+        (attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
+        outs.append(out)
+        caches.append(layer.kv_cache)
+    torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
+    assert outs[0][n:].isnan().all(), "padding rows must not be written"
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs[0][:n], outs[1][:n], rtol=0, atol=atol)

@@ -56,17 +56,33 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
     """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
 
-    Decode steps on CUDA in fp16, bf16 or fp32 take one Triton launch (cache write + attention); everything
-    else (float64 references included) runs the torch path below, which is also the reference the Triton
-    kernel is tested against.
+    On CUDA in fp16, bf16 or fp32 a decode step takes one Triton launch (cache write + attention), and any
+    other step (prefill, mixed) the cache write and one variable-length Triton launch for all its
+    sequences; everything else (float64 references included) runs the torch path below, which is also the
+    reference the Triton kernels are tested against.
     """
-    if md.is_decode and HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
-        triton_kernels.decode_attention(
-            q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
-            layer.scale, layer.sliding_window, layer.logits_soft_cap,
-        )
+    if HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
+        if md.is_decode:
+            triton_kernels.decode_attention(
+                q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
+                layer.scale, layer.sliding_window, layer.logits_soft_cap,
+            )
+        else:
+            _write_cache(layer, md, k, v)
+            triton_kernels.prefill_attention(
+                q, layer.kv_cache, md.varlen_tensor(q.device), max(md.query_lens), out,
+                layer.scale, layer.sliding_window, layer.logits_soft_cap,
+            )
         return
     attention_torch(layer, md, q, k, v, out)
+
+
+def _write_cache(layer: "Attention", md: AttentionMetadata, k, v) -> None:
+    """Keys and values of the step's real tokens (k, v: [>= n, Hkv*D]) into their cache slots."""
+    n, kv_heads, d = md.num_actual_tokens, layer.num_kv_heads, layer.head_size
+    k_cache, v_cache = layer.kv_cache.unbind(0)  # [R, L, Hkv, D] each
+    k_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, k[:n].view(n, kv_heads, d))
+    v_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, v[:n].view(n, kv_heads, d))
 
 
 def attention_torch(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
@@ -74,9 +90,8 @@ def attention_torch(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> 
     n = md.num_actual_tokens
     heads, kv_heads, d = layer.num_heads, layer.num_kv_heads, layer.head_size
     group = heads // kv_heads
+    _write_cache(layer, md, k, v)
     k_cache, v_cache = layer.kv_cache.unbind(0)  # [R, L, Hkv, D] each
-    k_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, k[:n].view(n, kv_heads, d))
-    v_cache.view(-1, kv_heads, d).index_copy_(0, md.slot_mapping, v[:n].view(n, kv_heads, d))
     q = q[:n].view(n, kv_heads, group, d)  # query heads of one kv head are adjacent (transformers' repeat_kv)
     out = out[:n].view(n, kv_heads, group, d)
 

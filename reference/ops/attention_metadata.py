@@ -8,6 +8,7 @@ cache that serves static batches; paged caches are out of scope.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -42,7 +43,7 @@ class AttentionMetadata:
     rows_tensor: torch.Tensor
     is_decode: bool
     rows_index: slice | list[int]
-    _masks: dict = field(default_factory=dict, repr=False)
+    _per_step: dict = field(default_factory=dict, repr=False)  # device tensors built once, shared by all layers
 
     @staticmethod
     def slot_mapping_list(query_lens: list[int], seq_lens: list[int], rows: list[int], max_model_len: int) -> list[int]:
@@ -99,13 +100,23 @@ class AttentionMetadata:
     def num_actual_tokens(self) -> int:
         return len(self.slot_mapping)
 
+    def varlen_tensor(self, device) -> torch.Tensor:
+        """[4, num_seqs] int64 on ``device``: per sequence its first token's index in the batch, its
+        query length, its length after this step and its cache row (what the variable-length prefill
+        kernel reads). Staged once per step, without waiting for the device, and shared by all layers."""
+        if "varlen" not in self._per_step:
+            starts = [0, *itertools.accumulate(self.query_lens)][:-1]
+            table = int_lists_to_device([[*starts, *self.query_lens, *self.seq_lens, *self.rows]], device)[0]
+            self._per_step["varlen"] = table.view(4, len(self.rows))
+        return self._per_step["varlen"]
+
     def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
         """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
 
         Built once per step and window size, shared by all layers.
         """
         key = sliding_window
-        if key not in self._masks:
+        if key not in self._per_step:
             max_len = max(self.seq_lens)
             needs_mask = min(self.seq_lens) != max_len or (sliding_window is not None and max_len > sliding_window)
             mask = None
@@ -116,8 +127,8 @@ class AttentionMetadata:
                 if sliding_window is not None:
                     mask &= kpos > lens - 1 - sliding_window
                 mask = mask[:, None, None, :]
-            self._masks[key] = mask
-        return self._masks[key]
+            self._per_step[key] = mask
+        return self._per_step[key]
 
 
 def int_lists_to_device(lists: list[list[int]], device) -> list[torch.Tensor]:

@@ -49,10 +49,7 @@ def rotary_embedding_reference(
 
 
 def _rotary_cuda(positions, q, k, cos_sin_cache, head_size):
-    return (
-        triton_kernels.rotary(positions, q, cos_sin_cache, head_size),
-        triton_kernels.rotary(positions, k, cos_sin_cache, head_size),
-    )
+    return triton_kernels.rotary(positions, q, k, cos_sin_cache, head_size)
 
 
 rotary_embedding_op = define_op("rotary_embedding", rotary_embedding_reference, cuda=_rotary_cuda)

@@ -14,6 +14,9 @@ Kernels:
   query group (a sequence of length 0 is a full graph's padding: nothing is written to its cache row and
   its output is 0), with an online softmax over key blocks (Milakov & Gimelshein, "Online normalizer
   calculation for softmax", 2018; the same recurrence as FlashAttention, Dao et al. 2022).
+* ``prefill_attention``: causal attention of every sequence of a prefill or mixed step over its cache row
+  (keys already written), all sequences in one launch: one program per (sequence, block of queries,
+  query head), the same online softmax, with sliding window and softcap.
 """
 
 from __future__ import annotations
@@ -99,15 +102,8 @@ def gated_activation(x: torch.Tensor, gelu: bool) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- RoPE
 @triton.jit
-def _rotary_kernel(
-    pos_ptr, x_ptr, out_ptr, cache_ptr, x_stride, heads, cache_stride,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    tok = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + tok)
-    d = tl.arange(0, HALF)
-    cos = tl.load(cache_ptr + pos * cache_stride + d).to(x_ptr.dtype.element_ty).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * cache_stride + HALF + d).to(x_ptr.dtype.element_ty).to(tl.float32)
+def _rotate_heads(x_ptr, out_ptr, tok, cos, sin, x_stride, heads, d, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rotate one token's ``heads`` heads of x (row ``tok``, row stride ``x_stride``) into out (contiguous)."""
     h = tl.arange(0, BLOCK_H)
     offs = h[:, None] * (2 * HALF) + d[None, :]  # [BLOCK_H, HALF]
     mask = h[:, None] < heads
@@ -118,17 +114,36 @@ def _rotary_kernel(
     tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rotary(positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor, head_size: int) -> torch.Tensor:
-    """x: [T, heads * D] (last dim contiguous) rotated at positions [T]; cache [P, D] fp32 (cos | sin)."""
-    t, width = x.shape
-    heads = width // head_size
-    out = torch.empty((t, width), dtype=x.dtype, device=x.device)
+@triton.jit
+def _rotary_kernel(
+    pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, q_stride, k_stride, q_heads, k_heads, cache_stride,
+    HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cache_ptr + pos * cache_stride + d).to(q_ptr.dtype.element_ty).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + d).to(q_ptr.dtype.element_ty).to(tl.float32)
+    _rotate_heads(q_ptr, q_out_ptr, tok, cos, sin, q_stride, q_heads, d, HALF, BLOCK_QH)
+    _rotate_heads(k_ptr, k_out_ptr, tok, cos, sin, k_stride, k_heads, d, HALF, BLOCK_KH)
+
+
+def rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq * D], k: [T, Hkv * D] (last dims contiguous, rows may be strided) rotated at positions [T]
+    in one launch; cache [P, D] fp32 (cos | sin). Returns contiguous (q, k) in the inputs' dtype."""
+    t = q.shape[0]
+    q_heads, k_heads = q.shape[1] // head_size, k.shape[1] // head_size
+    q_out = torch.empty((t, q.shape[1]), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, k.shape[1]), dtype=k.dtype, device=k.device)
     if t:
         _rotary_kernel[(t,)](
-            positions, x, out, cache, x.stride(0), heads, cache.stride(0),
-            HALF=head_size // 2, BLOCK_H=triton.next_power_of_2(heads), num_warps=4,
+            positions, q, k, q_out, k_out, cache, q.stride(0), k.stride(0), q_heads, k_heads, cache.stride(0),
+            HALF=head_size // 2, BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
+            num_warps=4,
         )
-    return out
+    return q_out, k_out
 
 
 # ---------------------------------------------------------------------------------- decode attention
@@ -226,4 +241,109 @@ def decode_attention(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64,
         SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
         num_warps=4,
+    )
+
+
+# --------------------------------------------------------------------------------- prefill attention
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr, cache_ptr, out_ptr, seqs_ptr,
+    q_stride, out_stride, num_seqs,
+    c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
+    scale, softcap, window,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    m0 = tl.program_id(1) * BLOCK_M
+    qh = tl.program_id(2).to(tl.int64)
+    # seqs: [4, num_seqs] int64 rows: first token in the batch, query length, sequence length, cache row
+    q_start = tl.load(seqs_ptr + seq)
+    q_len = tl.load(seqs_ptr + num_seqs + seq)
+    seq_len = tl.load(seqs_ptr + 2 * num_seqs + seq)
+    row = tl.load(seqs_ptr + 3 * num_seqs + seq)
+    if m0 < q_len:  # blocks past this sequence's queries have nothing to do
+        d = tl.arange(0, D)
+        offs_m = m0 + tl.arange(0, BLOCK_M)  # query index within the sequence
+        valid_m = offs_m < q_len
+        q_pos = seq_len - q_len + offs_m  # the queries' positions
+        tokens = q_start + offs_m
+        q = tl.load(q_ptr + tokens[:, None] * q_stride + qh * D + d[None, :], mask=valid_m[:, None], other=0.0)
+        k_cache = cache_ptr + row * c_row + (qh // GROUP) * c_head
+        v_cache = k_cache + c_kv
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        hi = seq_len - q_len + tl.minimum(m0 + BLOCK_M, q_len)  # past the block's last query: causal
+        lo = 0
+        if WINDOW:
+            lo = tl.maximum(seq_len - q_len + m0 - window + 1, 0)
+        for n0 in range(lo, hi, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            k = tl.load(k_cache + n[:, None] * c_pos + d[None, :], mask=(n < hi)[:, None], other=0.0)
+            if IEEE:  # fp32 inputs: exact fp32 products instead of tf32
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            if SOFTCAP:
+                s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+            allowed = (n[None, :] <= q_pos[:, None]) & (n[None, :] < hi)
+            if WINDOW:
+                allowed = allowed & (n[None, :] > q_pos[:, None] - window)
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet in its window
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            v = tl.load(v_cache + n[:, None] * c_pos + d[None, :], mask=(n < hi)[:, None], other=0.0)
+            if IEEE:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # every real query sees at least itself
+        tl.store(
+            out_ptr + tokens[:, None] * out_stride + qh * D + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=valid_m[:, None],
+        )
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    seqs: torch.Tensor,
+    max_query_len: int,
+    out: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> None:
+    """Causal attention of every sequence's new tokens over its cached keys, all sequences in one launch.
+
+    The keys and values of this step must already be in the cache. q, out: [>= T, Hq * D] (rows may be
+    strided views; last dim contiguous); kv_cache: [2, R, L, Hkv, D]; seqs: [4, B] int64, per sequence the
+    index of its first token in q, its query length, its length after this step, and its cache row;
+    ``max_query_len``: the longest query (sizes the grid). Query ``i`` of a sequence of length ``L`` and
+    query length ``Q`` sits at position ``L - Q + i`` and sees keys ``j <= L - Q + i`` (and, with a sliding
+    window ``W``, ``j > L - Q + i - W``). One program per (sequence, block of queries, query head), an
+    online softmax over key blocks (FlashAttention's recurrence, Dao et al. 2022, for variable lengths as
+    in its ``varlen`` interface). Rows of q past the sequences' tokens are not read, those of out not written.
+    """
+    num_seqs = seqs.shape[1]
+    _, _, _, kv_heads, d = kv_cache.shape
+    heads = q.shape[1] // d
+    block_m = 64 if d <= 128 else 32
+    block_n = 64 if d <= 64 else 32
+    grid = (num_seqs, triton.cdiv(max_query_len, block_m), heads)
+    _prefill_attention_kernel[grid](
+        q, kv_cache, out, seqs,
+        q.stride(0), out.stride(0), num_seqs,
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        scale, softcap or 0.0, sliding_window or 0,
+        GROUP=heads // kv_heads, D=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
+        num_warps=4 if d <= 128 else 8,
     )
