@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from reference.ops.attention import attention_impl, attention_torch
 from reference.ops.attention_metadata import AttentionMetadata
+from reference.ops.layernorm import rms_norm_reference
 from reference.ops.library import HAS_TRITON
 
 pytestmark = [
@@ -50,6 +51,22 @@ def test_rms_norm_kernel_matches_torch(dtype_tol, offset, hidden):
     out, res_out = _tk().rms_norm(x, w, 1e-6, offset, residual=res)
     torch.testing.assert_close(res_out, x + res, rtol=0, atol=0)  # the add rounds exactly like torch
     torch.testing.assert_close(out, rms_norm_reference(x + res, w, 1e-6, offset), **tol)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen3_qk_norm", "gemma_qk_norm"])
+def test_per_head_rms_norm_reads_a_strided_view_in_place(dtype_tol, offset):
+    """q of a fused qkv output as [T, heads, D] (Qwen3's and Gemma 3's q/k norms): the same values, bitwise,
+    as the norm of a contiguous copy of its rows, which the model made before."""
+    dtype, tol = dtype_tol
+    qkv = torch.randn(7, 48 * 128, device="cuda", dtype=dtype)
+    q = qkv[:, : 32 * 128].view(7, 32, 128)  # strides (48 * 128, 128, 1)
+    weight = torch.randn(128, device="cuda", dtype=dtype)
+    heads = _tk().rms_norm(q, weight, 1e-6, offset)
+    assert heads.shape == (7, 32, 128) and heads.is_contiguous()
+    torch.testing.assert_close(
+        heads.view(-1, 128), _tk().rms_norm(q.reshape(-1, 128), weight, 1e-6, offset), rtol=0, atol=0
+    )
+    torch.testing.assert_close(heads, rms_norm_reference(q, weight, 1e-6, offset), **tol)
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu_tanh"])
@@ -101,8 +118,9 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
         layer.kv_cache = cache.clone()
         out = torch.full((8, layer.num_heads * 64), float("nan"), device="cuda", dtype=dtype)
         if path == "triton":
-            _tk().decode_attention(q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
-                                   layer.scale, window, softcap)
+            _tk().decode_attention(
+                q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out, layer.scale, window, softcap
+            )
         else:
             attention_torch(layer, md, q, k, v, out)
         outs.append(out)
@@ -114,7 +132,8 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
 
 
 @pytest.mark.parametrize(
-    "window,softcap", [(None, None), (7, None), (None, 30.0), (20, 30.0)],
+    "window,softcap",
+    [(None, None), (7, None), (None, 30.0), (20, 30.0)],
     ids=["full", "sliding_window", "softcap", "window_and_softcap"],
 )
 @pytest.mark.parametrize("group", [1, 4, 5])

@@ -48,10 +48,11 @@ class Qwen3Attention(LlamaAttention):
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq*D], k [T, Hkv*D] -> same shapes, each head RMS-normalised over its D values."""
-        # [T, heads * D] -> [T * heads, D]: one row per head, and RMSNorm normalises rows
-        q_rows = self.q_norm(q.reshape(-1, self.head_size))
-        k_rows = self.k_norm(k.reshape(-1, self.head_size))
-        return q_rows.view(q.shape), k_rows.view(k.shape)
+        # [T, heads * D] -> [T, heads, D]: views of the fused qkv output (no copy); RMSNorm normalises
+        # the last dimension and returns contiguous [T, heads, D]
+        q_heads = self.q_norm(q.view(q.shape[0], -1, self.head_size))
+        k_heads = self.k_norm(k.view(k.shape[0], -1, self.head_size))
+        return q_heads.view(q.shape), k_heads.view(k.shape)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

@@ -19,7 +19,8 @@ if HAS_TRITON:
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
-    """RMSNorm over the last dimension. x: [T, H] any float dtype; weight: [H]; returns [T, H] in x.dtype."""
+    """RMSNorm over the last dimension. x: [T, H] or [T, heads, H], any float dtype; weight: [H]; returns
+    x's shape in x.dtype."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if weight_offset == 0.0:
@@ -47,7 +48,9 @@ class RMSNorm(CustomOp):
     """RMSNorm with an optional fused residual add.
 
     ``forward(x)`` returns ``norm(x)``; ``forward(x, residual)`` returns ``(norm(x + residual),
-    x + residual)``, the pre-norm decoder's pattern. Shapes [T, H]; dtype of ``x``.
+    x + residual)``, the pre-norm decoder's pattern. Shapes [T, H], or for ``forward(x)`` also
+    [T, heads, H] (per-head norms; x may be a strided view whose last dimension is contiguous, read in
+    place); outputs contiguous, in the dtype of ``x``.
 
     Args:
         ops: custom-op selection (decides native vs custom).

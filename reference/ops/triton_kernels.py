@@ -34,13 +34,13 @@ def _launch_params(block: int) -> int:
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    x_stride, res_stride, hidden, eps, weight_offset,
+    x_stride, x_head_stride, heads, res_stride, hidden, eps, weight_offset,
     HAS_RESIDUAL: tl.constexpr, OFFSET_STYLE: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)  # token row * heads + head
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + (row // heads) * x_stride + (row % heads) * x_head_stride + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # the add rounds to the activation dtype
@@ -56,15 +56,18 @@ def _rms_norm_kernel(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, residual=None):
-    """x, residual: [T, H] (last dim contiguous); weight [H]. Returns out [T, H] (and residual_out)."""
-    t, h = x.shape
+    """x, residual: [T, H] (last dim contiguous), or x alone [T, heads, H] (per-head norms of a strided view,
+    e.g. q of a fused qkv output, read in place); weight [H]. Returns out, contiguous in x's shape (and
+    residual_out [T, H])."""
+    t, heads, h = (x.shape[0], 1, x.shape[1]) if x.dim() == 2 else x.shape
+    head_stride = x.stride(1) if x.dim() == 3 else 0
     block = triton.next_power_of_2(h)
-    out = torch.empty((t, h), dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
     res = residual if residual is not None else x
-    if t:
-        _rms_norm_kernel[(t,)](
-            x, res, weight, out, res_out, x.stride(0), res.stride(0), h, eps, weight_offset,
+    if t * heads:
+        _rms_norm_kernel[(t * heads,)](
+            x, res, weight, out, res_out, x.stride(0), head_stride, heads, res.stride(0), h, eps, weight_offset,
             HAS_RESIDUAL=residual is not None, OFFSET_STYLE=weight_offset != 0.0, BLOCK=block,
             num_warps=_launch_params(block),
         )
