@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference.ops.attention import attention_impl, attention_torch
+from reference.ops import attention
+from reference.ops.attention import attention_torch
 from reference.ops.attention_metadata import AttentionMetadata
 from reference.ops.layernorm import rms_norm_reference
 from reference.ops.library import HAS_TRITON
@@ -163,7 +164,8 @@ def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap,
     for path in ("triton", "torch"):
         layer.kv_cache = cache.clone()
         out = torch.full((n + 3, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
-        (attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
+        # attention.attention_impl looked up here, where a planted fault replaces it
+        (attention.attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
         outs.append(out)
         caches.append(layer.kv_cache)
     torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)

@@ -16,8 +16,10 @@ from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
 from reference.ops import attention, layernorm, rotary
 from reference.ops.attention_metadata import AttentionMetadata
+from reference.ops.library import TRITON_DTYPES
 
 _real_attention_torch = attention.attention_torch
+_real_attention_impl = attention.attention_impl
 _real_causal_mask = attention._causal_mask
 _real_decode_mask = AttentionMetadata.decode_mask
 _real_from_device = AttentionMetadata.from_device.__func__
@@ -31,6 +33,42 @@ _real_fused_add_rms_norm_op = layernorm.fused_add_rms_norm_op
 # ---------------------------------------------------------------------- attention
 def _wider(window):
     return None if window is None else window + 1
+
+
+class _KernelsWithAWiderPrefillWindow:
+    """The attention module's ``triton_kernels`` with ``prefill_attention`` launched one key wider in its
+    sliding window; every other kernel is the real one. Triton is imported only when a kernel is called
+    (it exists only on the GPU machines; on a CPU the fault plants and nothing calls it)."""
+
+    def __getattr__(self, name):
+        from reference.ops import triton_kernels
+
+        return getattr(triton_kernels, name)
+
+    def prefill_attention(self, q, kv_cache, seqs, max_query_len, out, scale, sliding_window, softcap):
+        from reference.ops import triton_kernels
+
+        triton_kernels.prefill_attention(q, kv_cache, seqs, max_query_len, out, scale, _wider(sliding_window), softcap)
+
+
+def _prefill_before_the_cache_write(layer, md, q, k, v, out):
+    """On CUDA a prefill's attention runs before its keys and values reach the cache, so each new token
+    attends to what the cache held before (stale keys) at its own and its neighbours' positions."""
+    if md.is_decode or not q.is_cuda or q.dtype not in TRITON_DTYPES:
+        return _real_attention_impl(layer, md, q, k, v, out)
+    from reference.ops import triton_kernels
+
+    triton_kernels.prefill_attention(
+        q,
+        layer.kv_cache,
+        md.varlen_tensor(q.device),
+        max(md.query_lens),
+        out,
+        layer.scale,
+        layer.sliding_window,
+        layer.logits_soft_cap,
+    )
+    attention._write_cache(layer, md, k, v)
 
 
 def _causal_mask_one_too_wide(query_len, seq_len, sliding_window, device):
@@ -120,6 +158,24 @@ def _rotate_adjacent_pairs(positions, x, cos_sin_cache, head_size):
 
 
 FAULTS = [
+    Fault(
+        id="prefill-kernel-window-one-too-wide",
+        kind="attention",
+        description="the Triton prefill attention lets a sliding-window query see window + 1 keys (the torch "
+        "path and the decode kernel are right)",
+        plant=patches(mock.patch.object(attention, "triton_kernels", _KernelsWithAWiderPrefillWindow(), create=True)),
+        tests="test_prefill_attention_kernel_matches_torch_path",
+        device="cuda",
+    ),
+    Fault(
+        id="prefill-attention-before-the-cache-write",
+        kind="attention",
+        description="on CUDA a prefill step's attention runs before the step's keys and values are written to the "
+        "cache, so its tokens attend to stale cache entries",
+        plant=patches(mock.patch.object(attention, "attention_impl", _prefill_before_the_cache_write)),
+        tests="test_prefill_attention_kernel_matches_torch_path",
+        device="cuda",
+    ),
     Fault(
         id="sliding-window-one-too-wide",
         kind="attention",
