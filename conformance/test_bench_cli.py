@@ -303,9 +303,9 @@ def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
         assert r["floor_s"] > 0 and r["latency_s"]["p50"] >= r["floor_s"]
         assert r["x_floor"] == pytest.approx(r["latency_s"]["p50"] / r["floor_s"])
     compiled = [r for r in doc["results"] if r["mode"] != "eager"]
-    for r in compiled:  # up to --batch-size 2; full modes serve 1-token steps with a full graph only
-        startup = r["startup"]
-        piecewise = [2] if startup["full_capture_sizes"] else [2, 1]
+    for r in compiled:  # decode up to --batch-size 2, prefill up to 2 x (3 + 2) tokens; full modes serve
+        startup = r["startup"]  # 1-token steps with a full graph only
+        piecewise = [10, 8, 2] if startup["full_capture_sizes"] else [10, 8, 2, 1]
         assert startup["capture_sizes"] == piecewise and startup["full_capture_sizes"] in ([], [2, 1]), r["mode"]
 
 

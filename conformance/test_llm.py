@@ -2,6 +2,7 @@
 text prompts, and clear errors. CPU, small models; the greedy oracle is transformers' model recomputing
 the whole sequence for every token, on the same weights."""
 
+import collections
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from conformance.oracle import oracle_greedy
 from reference.benchmark.baselines import build_hf_model
 from reference.benchmark.choices import MODE_KWARGS as MODES
-from reference.config import ConfigError
+from reference.config import DEFAULT_MAX_CAPTURE_SIZE, ConfigError, default_capture_sizes
+from reference.engine.arguments import engine_capture_sizes
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 
@@ -233,11 +235,49 @@ def test_text_prompts_are_tokenized_and_outputs_detokenized():
 # ---------------------------------------------------------------------- configuration
 @pytest.mark.parametrize("mode", ENGINE_MODES)
 def test_modes_resolve_to_their_compilation_settings(mode):
-    llm = make_llm("llama-tiny", mode, max_num_seqs=4)
+    llm = make_llm("llama-tiny", mode, max_num_seqs=4, max_model_len=40)
     expected_level = 0 if mode in ("eager", "breakable") else 3
     assert llm.config.level == expected_level
     assert llm.custom_ops["disabled"] == []  # these modes use every custom op
-    assert llm.config.cudagraph_capture_sizes == (1, 2, 4)  # capped at max_num_seqs by default
+    # decode sizes up to max_num_seqs, then prefill sizes up to max_num_seqs x max_model_len = 160 tokens
+    assert llm.config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
+
+
+@pytest.mark.no_inductor
+def test_a_prefill_replays_the_piecewise_graph_of_the_next_size_up_by_default():
+    llm = make_llm("llama-tiny", "no_inductor", max_num_seqs=4, max_model_len=32)
+    before = collections.Counter(llm.runner.dispatch_counts)  # the warm-up's steps
+    llm.generate(ragged_prompts(4, 256), greedy(3, ignore_eos=True), use_tqdm=False)  # 23 prompt tokens
+    # dispatched the same way on a CPU, where nothing is captured: 1 prefill + 2 decode steps
+    assert llm.runner.dispatch_counts - before == {"PIECEWISE": 3}
+    assert llm.runner.padded_size(23) == 24
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 40, 256, 600])
+@pytest.mark.parametrize("max_num_tokens", [1, 7, 64, 200, 512, 8192])
+def test_engine_capture_sizes_pad_decode_like_vllm_and_a_prefill_by_at_most_half(max_num_seqs, max_num_tokens):
+    if max_num_tokens < max_num_seqs:
+        max_num_tokens = max_num_seqs  # the engine refuses fewer tokens than sequences
+    sizes = engine_capture_sizes(max_num_seqs, max_num_tokens)
+    largest = min(max_num_tokens, DEFAULT_MAX_CAPTURE_SIZE)
+    assert sizes == tuple(sorted(set(sizes))) and sizes[-1] == largest
+    decode = min(max_num_seqs, largest)
+    assert tuple(s for s in sizes if s <= decode) == default_capture_sizes(decode)
+    for n in range(decode + 1, largest + 1):
+        padded = next(s for s in sizes if s >= n)
+        assert padded <= max(16, 1.5 * n), (n, padded)
+    assert len(sizes) <= len(default_capture_sizes(decode)) + 12  # a dozen prefill sizes at most
+
+
+@pytest.mark.no_inductor
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [("max_cudagraph_capture_size", 16, (1, 2, 4, 8, 16)), ("cudagraph_capture_sizes", [1, 16], (1, 16))],
+)
+def test_a_config_that_names_its_capture_sizes_keeps_them(field, value, expected):
+    config = {**MODES["no_inductor"]["compilation_config"], field: value}
+    llm = LLM("llama-tiny", device="cpu", use_tqdm=False, compilation_config=config)
+    assert llm.config.cudagraph_capture_sizes == expected
 
 
 @pytest.mark.eager
@@ -351,16 +391,19 @@ def test_request_errors_echo_at_most_a_few_hundred_characters(prompts, match):
 @pytest.mark.no_inductor
 def test_piecewise_cuda_graphs_generate_the_tokens_eager_generates():
     # 4 prompts, max_num_seqs 4: every decode step runs exactly at capture size 4 (no padding rows) and
-    # the prefill (23 tokens) runs without a graph, so no_inductor runs eager's kernels on eager's shapes:
-    # the tokens must be identical, not just close.
+    # the prefill (24 tokens) exactly at capture size 24, so no_inductor replays eager's kernels on
+    # eager's shapes: the tokens must be identical, not just close.
     prompts = ragged_prompts(4, 256)
+    prompts[0].append(3)  # 23 + 1 prompt tokens
     tokens = {}
     for mode in ("eager", "no_inductor"):
         llm = make_llm("llama-tiny", mode, device="cuda", dtype="float32", max_num_seqs=4)
+        before = collections.Counter(llm.runner.dispatch_counts)  # the warm-up's steps
         outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
         tokens[mode] = [o.outputs[0].token_ids for o in outputs]
         if mode == "no_inductor":
-            assert llm.startup.capture_sizes == (4, 2, 1)
+            assert llm.startup.capture_sizes[-4:] == (8, 4, 2, 1) and 24 in llm.startup.capture_sizes
+            assert llm.runner.dispatch_counts - before == {"PIECEWISE": 8}  # the prefill and 7 decode steps
     assert tokens["no_inductor"] == tokens["eager"]
 
 

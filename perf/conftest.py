@@ -31,11 +31,17 @@ from reference.peers import compile_torch_native
 DEFAULT_MODEL = "llama-tiny"
 
 
-def mode_config_for(mode: str, batch_size: int) -> CompilationConfig:
-    """Mode ``mode``'s config as the engine resolves it for ``batch_size`` sequences: capture sizes up to
-    the decode batch (1, 2, 4, 8 for B=8), so decode steps replay graphs while prefills (B * input_len
-    tokens) run the compiled pieces without graphs, as in ``bench_latency``."""
-    return engine_config(MODES[mode], enforce_eager=mode == "eager", max_num_seqs=batch_size)
+def mode_config_for(mode: str, batch_size: int, input_len: int) -> CompilationConfig:
+    """Mode ``mode``'s config as the engine resolves it for ``batch_size`` sequences and a step budget of
+    ``batch_size * input_len`` tokens (the prefill): capture sizes 1, 2, 4, 8, then 16, 24, 32, 48 ... up
+    to the prefill's tokens (:func:`~reference.engine.arguments.engine_capture_sizes`), so decode steps
+    and the prefill replay graphs, as in ``bench_latency``."""
+    return engine_config(
+        MODES[mode],
+        enforce_eager=mode == "eager",
+        max_num_seqs=batch_size,
+        max_num_batched_tokens=batch_size * input_len,
+    )
 
 
 # ---------------------------------------------------------------------- options
@@ -193,7 +199,7 @@ def base_model(perf_settings) -> torch.nn.Module:
     """
     s = perf_settings
     model = registry.build_model(
-        s.model, CustomOpSelection(mode_config_for("eager", s.batch_size)), dtype=s.dtype, device=s.device
+        s.model, CustomOpSelection(mode_config_for("eager", s.batch_size, s.input_len)), dtype=s.dtype, device=s.device
     )
     if not any(isinstance(m, Attention) for m in model.modules()):
         raise ValueError(
@@ -212,7 +218,7 @@ def perf_run(request, perf_settings, base_model):
     """One :class:`PerfRun` per mode and peer, alive while its tests run (pytest groups tests by it)."""
     mode, s = request.param, perf_settings
     config_mode, compile_fn = PEERS.get(mode, (mode, None))
-    config = mode_config_for(config_mode, s.batch_size)
+    config = mode_config_for(config_mode, s.batch_size, s.input_len)
     torch._dynamo.reset()  # nothing compiled for another mode may be reused
     model = registry.build_model(
         s.model, CustomOpSelection(config), dtype=s.dtype, device=s.device, share_weights_with=base_model

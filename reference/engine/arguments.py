@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from reference.config import DEFAULT_MAX_CAPTURE_SIZE, CompilationConfig, config_fields, echo
+from reference.config import (
+    DEFAULT_MAX_CAPTURE_SIZE,
+    CompilationConfig,
+    config_fields,
+    default_capture_sizes,
+    echo,
+)
 
 DEFAULT_MAX_MODEL_LEN = 2048  # cap on the default; long-context models would otherwise get huge KV caches
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,13 +84,42 @@ def resolve_max_model_len(max_model_len: int | None, max_positions: int) -> int:
     return max_model_len
 
 
-def engine_config(value: Any, *, enforce_eager: bool, max_num_seqs: int) -> CompilationConfig:
-    """The engine's compilation config: ``value`` parsed, capture sizes defaulted to what decode needs,
-    ``enforce_eager`` applied.
+def engine_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> tuple[int, ...]:
+    """The engine's default capture sizes (tokens), ascending: decode sizes dense, prefill sizes sparse.
 
-    Without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in ``value``, capture sizes go
-    up to ``min(max_num_seqs, 512)``: decode steps never have more tokens than sequences, and larger
-    (prefill) steps run compiled without graphs. A ``CompilationConfig`` object is used as built.
+    * Up to ``max_num_seqs`` (a decode step has one token per sequence): every size of vLLM's list,
+      :func:`~reference.config.default_capture_sizes` (1, 2, 4, then multiples of 8, the maximum kept).
+    * Above it, up to ``min(max_num_tokens, 512)`` (the largest included): 8 x 2^k and 24 x 2^k (16, 24,
+      32, 48, 64, 96, ... 512), so a prefill step pads to at most 1.5x its tokens above 16.
+
+    vLLM's list takes every multiple of 8 (of 16 above 256, in its later versions) up to 512: 67 sizes.
+    Every size costs a warm-up and a capture of every piece at start-up, while padding a prefill of
+    hundreds of tokens by a few more tokens saves little; a ladder that grows by a ratio bounds the
+    waste relative to the step with a dozen prefill sizes instead of sixty (perf/NOTES.md, v7, has the
+    measured start-up and prefill figures of both lists).
+
+    Raises:
+        ValueError: ``max_num_seqs`` or ``max_num_tokens`` below 1.
+    """
+    check_positive("max_num_seqs", max_num_seqs)
+    check_positive("max_num_batched_tokens", max_num_tokens)
+    largest = min(max_num_tokens, DEFAULT_MAX_CAPTURE_SIZE)
+    decode = default_capture_sizes(min(max_num_seqs, largest))
+    prefill = {base << k for base in (8, 24) for k in range(DEFAULT_MAX_CAPTURE_SIZE.bit_length())}
+    prefill = {s for s in prefill if decode[-1] < s < largest} | ({largest} - set(decode))
+    return tuple(sorted({*decode, *prefill}))
+
+
+def engine_config(
+    value: Any, *, enforce_eager: bool, max_num_seqs: int, max_num_batched_tokens: int
+) -> CompilationConfig:
+    """The engine's compilation config: ``value`` parsed, capture sizes defaulted, ``enforce_eager``
+    applied.
+
+    Without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in ``value``, the capture sizes
+    are :func:`engine_capture_sizes`: decode steps and prefills up to ``min(max_num_batched_tokens,
+    512)`` tokens replay graphs; larger steps run compiled without graphs. A ``CompilationConfig``
+    object is used as built.
 
     Raises:
         ConfigError: ``value`` is invalid or contradicts ``enforce_eager``.
@@ -92,7 +127,7 @@ def engine_config(value: Any, *, enforce_eager: bool, max_num_seqs: int) -> Comp
     if not isinstance(value, CompilationConfig):
         fields = config_fields(value)
         if not any(f in fields for f in _CAPTURE_FIELDS):
-            fields["max_cudagraph_capture_size"] = min(max_num_seqs, DEFAULT_MAX_CAPTURE_SIZE)
+            fields["cudagraph_capture_sizes"] = list(engine_capture_sizes(max_num_seqs, max_num_batched_tokens))
         value = fields
     config = CompilationConfig.parse(value)
     return config.for_eager() if enforce_eager else config
@@ -126,4 +161,3 @@ def eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
-

@@ -45,8 +45,9 @@ class LLM:
         compilation_config: a :class:`CompilationConfig`, a dict, a JSON / Python-literal string or a level
             digit, parsed by :meth:`CompilationConfig.parse`. When given as anything but a
             ``CompilationConfig`` and without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size``,
-            capture sizes go up to ``min(max_num_seqs, 512)``: decode steps never have more tokens
-            than sequences, and larger (prefill) steps run compiled without graphs. A
+            the capture sizes are :func:`~reference.engine.arguments.engine_capture_sizes`: every size of
+            vLLM's list up to ``max_num_seqs`` (decode), then sizes growing by at most 1.5x up to
+            ``min(max_num_batched_tokens, 512)`` (prefill); larger steps run compiled without graphs. A
             ``CompilationConfig`` object is used exactly as built.
         enforce_eager: apply :meth:`CompilationConfig.for_eager` (level 0, no CUDA graphs).
         dtype: ``'auto'`` (the checkpoint config's dtype if it is one of the others, else bfloat16 on CUDA
@@ -126,7 +127,10 @@ class LLM:
                     "a decode step feeds one token per sequence"
                 )
         self.config = arguments.engine_config(
-            compilation_config, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs
+            compilation_config,
+            enforce_eager=enforce_eager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or max_num_seqs * self.max_model_len,
         )
         # the last check: joining the group waits for the other ranks
         self.tensor_parallel, self.device = parallel.init_tensor_parallel(tensor_parallel_size, device)
