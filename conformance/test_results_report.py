@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,15 @@ def test_results_record_the_machine_state_that_moves_latencies():
     assert info["threads"] == 1 and info["cpu_count"] >= 1 and info["cpu"]
     assert len(info["load_avg"]) == 3 and all(x >= 0 for x in info["load_avg"])
     assert info["gpu"] is None and info["gpu_clocks"] is None
+
+
+def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp_path):
+    out = tmp_path / "run.json"
+    args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    doc = json.loads(out.read_text())
+    info = doc["machine_info"]
+    assert info["command"] == "python -m pytest " + shlex.join(args)  # what to type to run it again
+    assert info["torch"] and info["threads"] >= 1 and doc["datetime"]
+    assert [b["extra_info"]["mode"] for b in doc["benchmarks"]] == ["eager"]

@@ -8,6 +8,7 @@ mode for the whole session (Inductor compiles once per mode); see perf/NOTES.md 
 from __future__ import annotations
 
 import gc
+import shlex
 from dataclasses import dataclass
 
 import pytest
@@ -139,8 +140,9 @@ def pytest_configure(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """Record the accelerator, library versions, CPU threads, load average and GPU clocks with every saved run
-    (pytest-benchmark hook)."""
+    """Record the command, the accelerator, library versions, CPU threads, load average and GPU clocks with
+    every saved run (pytest-benchmark hook; the run's date is pytest-benchmark's own ``datetime``)."""
+    machine_info["command"] = "python -m pytest " + shlex.join(config.invocation_params.args)
     machine_info["torch"] = torch.__version__
     if torch.cuda.is_available():
         machine_info["cuda_device"] = torch.cuda.get_device_name()
