@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -182,7 +183,9 @@ def test_results_record_the_machine_state_that_moves_latencies():
 def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp_path):
     out = tmp_path / "run.json"
     args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True)
+    # an xdist worker's variables would tell pytest-benchmark it runs under xdist, and it would time nothing
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:]
     doc = json.loads(out.read_text())
     info = doc["machine_info"]
