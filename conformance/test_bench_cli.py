@@ -41,6 +41,8 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
         assert r["floor_s"] is None and r["x_floor"] is None  # no bandwidth, no floor on CPU
         assert r["speedup_vs"] == {}
     assert [r["compilation_config"]["level"] for r in doc["results"]] == [0, 3]
+    # decode steps of 2 tokens, a prefill of 2 x 3: the token budget is the prefill's, so nothing larger
+    assert doc["results"][1]["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 6]
     assert doc["results"][1]["same_tokens_as_first"] == 1.0  # no_inductor runs eager's ops: same tokens
     assert doc["weight_bytes_per_decode_step"] > 0
     env = doc["env"]
@@ -303,9 +305,9 @@ def test_on_cuda_every_mode_reports_a_floor_it_does_not_beat(tmp_path):
         assert r["floor_s"] > 0 and r["latency_s"]["p50"] >= r["floor_s"]
         assert r["x_floor"] == pytest.approx(r["latency_s"]["p50"] / r["floor_s"])
     compiled = [r for r in doc["results"] if r["mode"] != "eager"]
-    for r in compiled:  # decode up to --batch-size 2, prefill up to 2 x (3 + 2) tokens; full modes serve
-        startup = r["startup"]  # 1-token steps with a full graph only
-        piecewise = [10, 8, 2] if startup["full_capture_sizes"] else [10, 8, 2, 1]
+    for r in compiled:  # decode up to --batch-size 2, the prefill's 2 x 3 tokens; full modes serve 1-token
+        startup = r["startup"]  # steps with a full graph only
+        piecewise = [6, 2] if startup["full_capture_sizes"] else [6, 2, 1]
         assert startup["capture_sizes"] == piecewise and startup["full_capture_sizes"] in ([], [2, 1]), r["mode"]
 
 

@@ -270,6 +270,13 @@ def test_engine_capture_sizes_pad_decode_like_vllm_and_a_prefill_by_at_most_half
 
 
 @pytest.mark.no_inductor
+def test_capture_sizes_given_as_none_are_the_engines_default_as_in_vllm():
+    config = {**MODES["no_inductor"]["compilation_config"], "cudagraph_capture_sizes": None}
+    llm = LLM("llama-tiny", device="cpu", use_tqdm=False, max_num_seqs=4, max_model_len=8, compilation_config=config)
+    assert llm.config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32)
+
+
+@pytest.mark.no_inductor
 @pytest.mark.parametrize(
     "field, value, expected",
     [("max_cudagraph_capture_size", 16, (1, 2, 4, 8, 16)), ("cudagraph_capture_sizes", [1, 16], (1, 16))],

@@ -5,10 +5,10 @@
 
 The run itself is :mod:`reference.benchmark.latency` (what one iteration is, the floor), the tables and
 files :mod:`reference.benchmark.report`. Each LLM gets ``max_num_seqs = batch_size`` and
-``max_model_len = input_len + output_len``, so, unless ``--compilation-config`` says otherwise, its
-capture sizes are the engine's default (:func:`reference.engine.arguments.engine_capture_sizes`): every
-decode step runs at exactly ``batch_size`` tokens, and the prefill (``batch_size * input_len`` tokens)
-replays the piecewise graphs of the next size up, up to 512 tokens.
+``max_model_len = input_len + output_len`` and ``max_num_batched_tokens = batch_size * input_len`` (the
+prefill, its largest step), so, unless ``--compilation-config`` says otherwise, its capture sizes are the
+engine's default for those (:func:`reference.engine.arguments.engine_capture_sizes`): every decode step
+runs at exactly ``batch_size`` tokens, and a prefill of up to 512 tokens replays piecewise graphs.
 
 vLLM's spellings of the config flag work too: ``-cc`` for ``--compilation-config``, ``-O3`` (a level digit,
 like ``--compilation-config 3``) and ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` for one field (VALUE read as
@@ -126,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         "level 3, use_inductor False, custom_ops ['all'], piecewise CUDA graphs; inductor = level 3, use_inductor "
         "True; no_inductor_full / inductor_full = the same plus a full CUDA graph per decode batch size "
         "(cudagraph_mode full_and_piecewise). Each LLM gets max_num_seqs = --batch-size and max_model_len = "
-        "--input-len + --output-len; unless --compilation-config sets them, capture sizes are 1, 2, 4, multiples of 8 "
-        "up to --batch-size (decode), then 16, 24, 32, 48, 64, ... up to 512 tokens (prefill).",
+        "--input-len + --output-len and max_num_batched_tokens = --batch-size x --input-len (the prefill); unless "
+        "--compilation-config sets them, capture sizes are 1, 2, 4, multiples of 8 up to --batch-size (decode), "
+        "then 8, 16, 24, 32, 48, 64, ... up to the prefill's tokens, at most 512.",
     )
     default = " (default: %(default)s)"
     parser.add_argument("--model", type=_model, default="llama-tiny", help="preset name or checkpoint dir" + default)

@@ -182,6 +182,7 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
             seed=args.seed,
             max_num_seqs=args.batch_size,
             max_model_len=args.input_len + args.output_len,
+            max_num_batched_tokens=args.batch_size * args.input_len,  # the prefill, the largest step
             share_weights_with=owner,
             tensor_parallel_size=args.tensor_parallel_size,
             **kwargs,

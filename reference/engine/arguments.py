@@ -84,13 +84,14 @@ def resolve_max_model_len(max_model_len: int | None, max_positions: int) -> int:
     return max_model_len
 
 
-def engine_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> tuple[int, ...]:
+def engine_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
     """The engine's default capture sizes (tokens), ascending: decode sizes dense, prefill sizes sparse.
 
     * Up to ``max_num_seqs`` (a decode step has one token per sequence): every size of vLLM's list,
       :func:`~reference.config.default_capture_sizes` (1, 2, 4, then multiples of 8, the maximum kept).
-    * Above it, up to ``min(max_num_tokens, 512)`` (the largest included): 8 x 2^k and 24 x 2^k (16, 24,
-      32, 48, 64, 96, ... 512), so a prefill step pads to at most 1.5x its tokens above 16.
+    * Above it, up to ``min(max_num_batched_tokens, 512)`` (the largest included): 8 x 2^k and 24 x 2^k
+      (8, 16, 24, 32, 48, 64, 96, ... 512), so a step of more than 16 tokens pads to less than 1.5x its
+      tokens (8 -> 16 and the sizes below 8 are 2x steps).
 
     vLLM's list takes every multiple of 8 (of 16 above 256, in its later versions) up to 512: 67 sizes.
     Every size costs a warm-up and a capture of every piece at start-up, while padding a prefill of
@@ -99,11 +100,11 @@ def engine_capture_sizes(max_num_seqs: int, max_num_tokens: int) -> tuple[int, .
     measured start-up and prefill figures of both lists).
 
     Raises:
-        ValueError: ``max_num_seqs`` or ``max_num_tokens`` below 1.
+        ValueError: ``max_num_seqs`` or ``max_num_batched_tokens`` not an int >= 1.
     """
     check_positive("max_num_seqs", max_num_seqs)
-    check_positive("max_num_batched_tokens", max_num_tokens)
-    largest = min(max_num_tokens, DEFAULT_MAX_CAPTURE_SIZE)
+    check_positive("max_num_batched_tokens", max_num_batched_tokens)
+    largest = min(max_num_batched_tokens, DEFAULT_MAX_CAPTURE_SIZE)
     decode = default_capture_sizes(min(max_num_seqs, largest))
     prefill = {base << k for base in (8, 24) for k in range(DEFAULT_MAX_CAPTURE_SIZE.bit_length())}
     prefill = {s for s in prefill if decode[-1] < s < largest} | ({largest} - set(decode))
@@ -116,17 +117,17 @@ def engine_config(
     """The engine's compilation config: ``value`` parsed, capture sizes defaulted, ``enforce_eager``
     applied.
 
-    Without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in ``value``, the capture sizes
-    are :func:`engine_capture_sizes`: decode steps and prefills up to ``min(max_num_batched_tokens,
-    512)`` tokens replay graphs; larger steps run compiled without graphs. A ``CompilationConfig``
-    object is used as built.
+    Without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in ``value`` (or with them
+    None, vLLM's spelling of "the default"), the capture sizes are :func:`engine_capture_sizes`: decode
+    steps and prefills up to ``min(max_num_batched_tokens, 512)`` tokens replay graphs; larger steps run
+    compiled without graphs. A ``CompilationConfig`` object is used as built.
 
     Raises:
         ConfigError: ``value`` is invalid or contradicts ``enforce_eager``.
     """
     if not isinstance(value, CompilationConfig):
         fields = config_fields(value)
-        if not any(f in fields for f in _CAPTURE_FIELDS):
+        if all(fields.get(f) is None for f in _CAPTURE_FIELDS):
             fields["cudagraph_capture_sizes"] = list(engine_capture_sizes(max_num_seqs, max_num_batched_tokens))
         value = fields
     config = CompilationConfig.parse(value)

@@ -46,9 +46,10 @@ class LLM:
             digit, parsed by :meth:`CompilationConfig.parse`. When given as anything but a
             ``CompilationConfig`` and without ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size``,
             the capture sizes are :func:`~reference.engine.arguments.engine_capture_sizes`: every size of
-            vLLM's list up to ``max_num_seqs`` (decode), then sizes growing by at most 1.5x up to
-            ``min(max_num_batched_tokens, 512)`` (prefill); larger steps run compiled without graphs. A
-            ``CompilationConfig`` object is used exactly as built.
+            vLLM's list up to ``max_num_seqs`` (decode), then 8, 16, 24, 32, 48, 64, 96, ... up to
+            ``min(max_num_batched_tokens, 512)`` (prefill; above 16 tokens a step pads to less than 1.5x);
+            larger steps run compiled without graphs. A ``CompilationConfig`` object is used exactly as
+            built.
         enforce_eager: apply :meth:`CompilationConfig.for_eager` (level 0, no CUDA graphs).
         dtype: ``'auto'`` (the checkpoint config's dtype if it is one of the others, else bfloat16 on CUDA
             and float32 on CPU), ``'float32'``, ``'bfloat16'`` or ``'float16'``.
