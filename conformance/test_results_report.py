@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from reference.benchmark.results import newest, read_rows
-from reference.benchmark.summary import comparison_table, latency_table, startup_table
+from reference.benchmark.summary import comparison_table, latency_table, speedup_table, startup_table
+from reference.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
@@ -192,3 +193,19 @@ def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp
     assert info["command"] == "python -m pytest " + shlex.join(args)  # what to type to run it again
     assert info["torch"] and info["threads"] >= 1 and doc["datetime"]
     assert [b["extra_info"]["mode"] for b in doc["benchmarks"]] == ["eager"]
+
+
+def test_the_peer_table_gives_each_modes_speed_up_and_marks_ratios_across_runs():
+    same_run = newest(read_rows(STEP_LOOP))  # six modes and torch-native, one file
+    table = speedup_table(same_run)
+    by = {(r.measure, r.mode): r for r in same_run}
+    for measure in {r.measure for r in same_run}:
+        peer = by[(measure, "torch-native")].latency_s
+        (line,) = [x for x in table.splitlines() if f"| {measure} | torch-native |" in x]
+        cells = [c.strip() for c in line.split("|")[4:-1]]
+        assert cells == [f"{peer / by[(measure, m)].latency_s:.2f}x" for m in MODES]  # no mark: one run
+    # hf baselines from 2026-11-30, the modes from a later run: every ratio is marked
+    mixed = newest(read_rows(GENERATE) + read_rows(GENERATE_LOOP))
+    lines = [x for x in speedup_table(mixed).splitlines() if "| hf-compile |" in x]
+    assert len(lines) == 1 and lines[0].count("†") == len(MODES)
+    assert speedup_table(read_rows(GENERATE_LOOP)).count("\n") == 1  # no peer: the header only

@@ -2,10 +2,10 @@
 
 RESULTS are ``bench_latency`` JSON files (``--output-json`` / ``--results-dir``) and pytest-benchmark JSON
 files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``), in any mix. DIR gets ``report.md`` (the
-models x modes latency table with each floor, start-up and graph memory, the files it came from) and
-``latency.png`` (a chart of the same latencies, the floors drawn). Where several files time the same
-model, measure and mode, the newest run is used. ``--compare OLD NEW`` prints the change per row from
-the results file OLD to NEW, in percent, instead.
+models x modes latency table with each floor, each mode's speed-up over each peer, start-up and graph
+memory, the files it came from) and ``latency.png`` (a chart of the same latencies, the floors drawn).
+Where several files time the same model, measure and mode, the newest run is used. ``--compare OLD NEW``
+prints the change per row from the results file OLD to NEW, in percent, instead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 
 from reference.benchmark.results import ResultsError, newest, read_rows
-from reference.benchmark.summary import IQR_WARNING, comparison_table, latency_table, sources, startup_table
+from reference.benchmark.summary import (
+    IQR_WARNING,
+    comparison_table,
+    latency_table,
+    sources,
+    speedup_table,
+    startup_table,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             f"its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed calls' interquartile "
             f"range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
             latency_table(rows),
+            "## Speed-up over the peers",
+            "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster); `†`: the two "
+            "rows come from different runs.",
+            speedup_table(rows),
             "## Start-up and graph memory",
             startup_table(rows),
             "## From",

@@ -1,9 +1,10 @@
-"""The report's markdown: the seed-style table (models x modes: latency and x floor), start-up and graph
-memory per mode, and the change per row between two sets of results."""
+"""The report's markdown: the seed-style table (models x modes: latency and x floor), each mode's speed-up
+over each peer, start-up and graph memory per mode, and the change per row between two sets of results."""
 
 from __future__ import annotations
 
 from reference.benchmark.results import Row, mode_order
+from reference.config import MODES
 
 IQR_WARNING = 0.10  # flag a row whose interquartile range exceeds this fraction of its median
 
@@ -32,6 +33,28 @@ def latency_table(rows: list[Row]) -> str:
             noisy = "*" if r.iqr_s is not None and r.iqr_s > IQR_WARNING * r.latency_s else ""
             cells.append(_time(r.latency_s) + (f" ({r.x_floor:.2f}x)" if r.x_floor else "") + noisy)
         lines.append(f"| {model} | {measure} | {floor} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speedup_table(rows: list[Row]) -> str:
+    """| model | measure | peer | mode... |: how many times faster each project mode runs the same work than
+    each peer (a baseline: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50; ``†``
+    marks a ratio of two different runs (files), which the machine's state between them may move. Empty
+    (header only) when no measure has both a peer and a project mode."""
+    modes = [m for m in mode_order(rows) if m in MODES]
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.measure), {})[r.mode] = r
+    lines = ["| model | measure | peer | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
+    for (model, measure), by_mode in groups.items():
+        for peer in (m for m in by_mode if m not in MODES):
+            base = by_mode[peer]
+            cells = []
+            for mode in modes:
+                r = by_mode.get(mode)
+                mark = "" if r is None or r.source == base.source else "†"
+                cells.append("-" if r is None else f"{base.latency_s / r.latency_s:.2f}x{mark}")
+            lines.append(f"| {model} | {measure} | {peer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
