@@ -288,6 +288,14 @@ def test_a_config_that_names_its_capture_sizes_keeps_them(field, value, expected
 
 
 @pytest.mark.eager
+def test_a_kv_cache_larger_than_the_machine_is_refused_in_one_line_naming_its_sizes():
+    message = r"max_num_seqs x max_model_len \(1000000000 x 16\): the KV cache and input buffers need [\d,.]+ GiB"
+    with pytest.raises(ValueError, match=message) as err:
+        make_llm("llama-tiny", "eager", max_num_seqs=10**9, max_model_len=16)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.eager
 def test_explicit_capture_sizes_are_kept():
     llm = make_llm("llama-tiny", "eager", compilation_config={"level": 0, "cudagraph_capture_sizes": [1, 16]})
     assert llm.config.cudagraph_capture_sizes == (1, 16)
