@@ -29,7 +29,6 @@ import bisect
 import collections
 import dataclasses
 import itertools
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from torch import nn
 
 from reference.compilation import compile_model
 from reference.config import CompilationConfig, ConfigError
+from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
 from reference.ops.attention_metadata import int_lists_to_device
@@ -80,26 +80,6 @@ class StepDispatch:
     num_tokens: int
     runtime_mode: str
     descriptor: BatchDescriptor
-
-
-def _check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_len: int) -> None:
-    """Refuse a KV cache and input buffers (``nbytes``) larger than the device's free memory (CUDA) or
-    the machine's physical memory (CPU, where an oversized zero-filled tensor would exhaust it).
-
-    Raises:
-        ValueError: naming max_num_seqs and max_model_len, with the GiB needed and available.
-    """
-    if device.type == "cuda":
-        available, where = torch.cuda.mem_get_info(device)[0], f"free on {device}"
-    elif hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        available, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of physical memory"
-    else:
-        return
-    if nbytes > available:
-        raise ValueError(
-            f"max_num_seqs x max_model_len ({max_num_seqs} x {max_model_len}): the KV cache and input buffers "
-            f"need {nbytes / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB {where}; lower either"
-        )
 
 
 class ModelRunner:
@@ -169,17 +149,10 @@ class ModelRunner:
             self.compiled = compile_fn(model, config)
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         buffer_len = max(self.max_num_tokens, 2)  # the tracing call runs with >= 2 tokens
-        _check_fits(self._cache_and_buffer_bytes(buffer_len), self.device, max_num_seqs, max_model_len)
-        for layer in self.attention_layers.values():
-            layer.kv_cache = torch.zeros(
-                2,
-                max_num_seqs,
-                max_model_len,
-                layer.num_kv_heads,
-                layer.head_size,
-                dtype=self.dtype,
-                device=self.device,
-            )
+        layers = list(self.attention_layers.values())
+        cache_bytes = kv_cache_bytes(layers, max_num_seqs, max_model_len, self.dtype)
+        check_fits(cache_bytes + 2 * buffer_len * 8, self.device, max_num_seqs, max_model_len)  # + int64 inputs
+        allocate_kv_caches(layers, max_num_seqs, max_model_len, self.dtype, self.device)
         self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.use_cuda_graphs = config.cudagraph_mode != "none" and self.device.type == "cuda"
@@ -356,13 +329,6 @@ class ModelRunner:
             raise ValueError(
                 f"new_tokens: expected ids in 0..{self.vocab_size - 1}, got {int(tokens.min())}..{int(tokens.max())}"
             )
-
-    def _cache_and_buffer_bytes(self, buffer_len: int) -> int:
-        """Bytes of the KV caches (every attention layer's [2, rows, max_model_len, Hkv, D]) and the two
-        int64 input buffers of ``buffer_len`` tokens."""
-        per_token = sum(2 * layer.num_kv_heads * layer.head_size for layer in self.attention_layers.values())
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return self.max_num_seqs * self.max_model_len * per_token * element + 2 * buffer_len * 8
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
         """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the

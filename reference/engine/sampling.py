@@ -84,9 +84,7 @@ class SamplingParams:
             )
         if not isinstance(self.ignore_eos, bool):
             raise SamplingError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
-            _is_int(t) and t >= 0 for t in self.stop_token_ids
-        ):
+        if isinstance(self.stop_token_ids, (str, bytes)) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise SamplingError(
                 f"stop_token_ids: expected a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
             )
