@@ -23,8 +23,9 @@ def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_l
     Raises:
         ValueError: naming max_num_seqs and max_model_len, with the GiB needed and available.
     """
-    if device.type == "cuda":
-        available, where = torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    if device.type == "cuda":  # free on the device, plus what torch's caching allocator holds unused
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        available, where = torch.cuda.mem_get_info(device)[0] + cached, f"free on {device}"
     elif hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
         available, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of physical memory"
     else:
