@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             old, new = (newest(read_rows(p)) for p in args.compare)
             print(comparison_table(old, new))
             return 0
-        rows = newest([row for path in args.results for row in read_rows(path)])
+        every_row = [row for path in args.results for row in read_rows(path)]
+        rows = newest(every_row)
     except ResultsError as err:
         parser.error(str(err))
     if not rows:
@@ -54,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
 
     chart = latency_chart(rows, args.out / "latency.png")
+    peers = speedup_table(rows, every_row)
+    peer_section = [
+        "## Speed-up over the peers",
+        "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's own "
+        "run where it timed the mode too; `†`: the mode's row comes from another run.",
+        peers,
+    ]
     text = "\n\n".join(
         [
             "# Latency by model and mode",
@@ -61,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             f"its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed calls' interquartile "
             f"range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
             latency_table(rows),
-            "## Speed-up over the peers",
-            "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster); `†`: the two "
-            "rows come from different runs.",
-            speedup_table(rows),
+            *(peer_section if peers else []),
             "## Start-up and graph memory",
             startup_table(rows),
             "## From",

@@ -3,6 +3,7 @@ over each peer, start-up and graph memory per mode, and the change per row betwe
 
 from __future__ import annotations
 
+from reference.benchmark.choices import BASELINES
 from reference.benchmark.results import Row, mode_order
 from reference.config import MODES
 
@@ -36,26 +37,35 @@ def latency_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def speedup_table(rows: list[Row]) -> str:
+def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | None:
     """| model | measure | peer | mode... |: how many times faster each project mode runs the same work than
-    each peer (a baseline: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50; ``†``
-    marks a ratio of two different runs (files), which the machine's state between them may move. Empty
-    (header only) when no measure has both a peer and a project mode."""
+    each peer (``BASELINES``: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50.
+
+    ``rows`` holds one row per key (the newest); ``every_row`` (default ``rows``) all rows read, so that a
+    mode is compared with the peer's own run (file) whenever that run timed it too. Otherwise the newest
+    row of the mode is used and the cell is marked ``†``: a ratio of two runs, which the machine's state
+    between them may move. None when no measure has both a peer and a project mode.
+    """
     modes = [m for m in mode_order(rows) if m in MODES]
-    groups: dict[tuple[str, str], dict[str, Row]] = {}
-    for r in rows:
-        groups.setdefault((r.model, r.measure), {})[r.mode] = r
-    lines = ["| model | measure | peer | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
-    for (model, measure), by_mode in groups.items():
-        for peer in (m for m in by_mode if m not in MODES):
-            base = by_mode[peer]
-            cells = []
-            for mode in modes:
-                r = by_mode.get(mode)
-                mark = "" if r is None or r.source == base.source else "†"
-                cells.append("-" if r is None else f"{base.latency_s / r.latency_s:.2f}x{mark}")
-            lines.append(f"| {model} | {measure} | {peer} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    newest_row = {r.key: r for r in rows}
+    in_run = {(*r.key, r.source): r for r in every_row or rows}
+    lines = []
+    for base in (r for r in rows if r.mode in BASELINES):
+        cells = []
+        for mode in modes:
+            key = (base.model, base.measure, mode)
+            same_run = in_run.get((*key, base.source))
+            r = same_run or newest_row.get(key)
+            if r is None:
+                cells.append("-")
+            else:
+                cells.append(f"{base.latency_s / r.latency_s:.2f}x" + ("" if same_run else "†"))
+        if any(c != "-" for c in cells):
+            lines.append(f"| {base.model} | {base.measure} | {base.mode} | " + " | ".join(cells) + " |")
+    if not lines:
+        return None
+    header = ["| model | measure | peer | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
+    return "\n".join(header + lines)
 
 
 def startup_table(rows: list[Row]) -> str:

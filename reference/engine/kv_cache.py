@@ -20,6 +20,9 @@ def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_l
     """Refuse ``nbytes`` (the caches and the runner's input buffers) beyond the device's free memory
     (CUDA) or the machine's physical memory (CPU, where an oversized zero-filled tensor would exhaust it).
 
+    A bound that turns sizes the device can never hold into a clear error, not admission control: a cache
+    that fits leaves the capture's and the activations' memory to the caller (and on a CPU, the weights).
+
     Raises:
         ValueError: naming max_num_seqs and max_model_len, with the GiB needed and available.
     """
