@@ -2,9 +2,10 @@
 
 ``use_inductor=True`` hands the piece to ``torch._inductor.standalone_compile`` with the piece's own
 symbolic shapes (``dynamic_shapes='from_graph'``: the fake tensors Dynamo left on the placeholders), so
-one compiled artifact serves every batch size. ``use_inductor=False`` keeps the FX GraphModule: its
-generated Python calls the same ATen ops (and custom ops) that eager mode would, which is why
-eager+CUDAGraphs can be bitwise equal to eager.
+one compiled artifact serves every batch size, and with one post-grad pass of ours
+(:mod:`.inductor_passes`: residual adds stay adds); ``inductor_compile_config`` patches go over it.
+``use_inductor=False`` keeps the FX GraphModule: its generated Python calls the same ATen ops (and
+custom ops) that eager mode would, which is why eager+CUDAGraphs can be bitwise equal to eager.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 import torch
 
 from reference.compilation.counters import compilation_counter
+from reference.compilation.inductor_passes import UNFOLD_RESIDUAL_ADDMM
 from reference.config import CompilationConfig
 
 
@@ -36,5 +38,7 @@ def compile_piece(module: torch.fx.GraphModule, config: CompilationConfig) -> Ca
         module,
         example_inputs(module),
         dynamic_shapes="from_graph",
-        options={"config_patches": dict(config.inductor_compile_config)},
+        options={
+            "config_patches": {"post_grad_custom_post_pass": UNFOLD_RESIDUAL_ADDMM, **config.inductor_compile_config}
+        },
     )
