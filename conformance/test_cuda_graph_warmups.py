@@ -1,9 +1,10 @@
 """``cudagraph_num_of_warmups``: a piece runs plainly that many times at a size before the size is captured.
 
 The warm-up runs are what keep lazy initialisation (cuBLAS handles, autotuning, module loading) out of
-the graphs, so the count the config asks for is the count that must happen. CUDA only (marked gpu). The
-silly model has 3 capturable pieces, so capturing a size counts 3 captures; its output has an exact
-closed form at every call, warm-up, capture or replay.
+the graphs, so the count the config asks for is the count that must happen. The silly model's test is CUDA
+only (marked gpu): it has 3 capturable pieces, so capturing a size counts 3 captures, and its output has
+an exact closed form at every call, warm-up, capture or replay. The count itself, which the piecewise,
+full and breakable graphs share (the reference's ``WarmUpCount``), is checked on any device.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import pytest
 import torch
 
 from reference.compilation import expect_counters
+from reference.compilation.cuda_graph import WarmUpCount
 from reference.config import mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 
-pytestmark = [pytest.mark.gpu, pytest.mark.requires("counters")]
 
-
+@pytest.mark.gpu
+@pytest.mark.requires("counters")
 @pytest.mark.parametrize("warmups", [1, 3])
 @pytest.mark.parametrize("mode", ["no_inductor"])  # the warm-up count is the graphs' business, not the compiler's
 def test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs(mode, warmups, impl):
@@ -31,3 +33,12 @@ def test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs(mode, warmup
             x.copy_(torch.randn(x.shape))
             out = compiled(x)
             torch.testing.assert_close(out, expected_output(x), rtol=0, atol=0, msg=lambda m: f"call {call}: {m}")
+
+
+@pytest.mark.parametrize("warmups", [0, 1, 3])
+def test_each_key_captures_after_its_own_warm_ups(warmups):
+    count = WarmUpCount(warmups)
+    due = [(key, count.capture_due(key)) for key in [8, 4, 8, 8, 4, 8, 4, 4, 4]]
+    for key in (8, 4):
+        calls = [d for k, d in due if k == key]  # the two keys interleaved: each counts its own
+        assert calls == [False] * min(warmups, len(calls)) + [True] * (len(calls) - min(warmups, len(calls)))

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from reference.compilation.counters import compilation_counter
-from reference.compilation.cuda_graph import addresses_of, check_addresses, in_full_graph, non_owning
+from reference.compilation.cuda_graph import WarmUpCount, addresses_of, check_addresses, in_full_graph, non_owning
 from reference.compilation.split import is_splitting_op, op_name
 from reference.config import ConfigError
 from reference.ops.library import SPLITTING_TAG, direct_call
@@ -110,10 +110,9 @@ class BreakableCUDAGraphs:
         self.model = model
         self.splitting_ops = splitting_ops
         self.capture_sizes = frozenset(capture_sizes)
-        self.num_warmups = num_warmups
         self.debug_addresses = debug_addresses
         self.captured: dict[int, _Segments] = {}
-        self.warmups_done: dict[int, int] = {}
+        self.warm_ups = WarmUpCount(num_warmups)
         self._checked = False
         self._pool = None
         self._stream: "torch.cuda.Stream | None" = None
@@ -133,9 +132,7 @@ class BreakableCUDAGraphs:
             return segments.output
         if size not in self.capture_sizes or not args[0].is_cuda or in_full_graph():
             return self.model(*args)
-        done = self.warmups_done.get(size, 0)
-        if done < self.num_warmups:
-            self.warmups_done[size] = done + 1
+        if not self.warm_ups.capture_due(size):
             return self.model(*args)
         return self._capture(size, args)
 

@@ -109,6 +109,27 @@ def non_owning(tensor: Any) -> Any:
     )
 
 
+class WarmUpCount:
+    """The plain runs each key (a size, a batch descriptor) has had before its capture.
+
+    Args:
+        num_warmups: plain runs of a key before it is captured (``cudagraph_num_of_warmups``).
+    """
+
+    def __init__(self, num_warmups: int):
+        self.num_warmups = num_warmups
+        self.done: dict[Any, int] = {}
+
+    def capture_due(self, key) -> bool:
+        """True once ``key`` has had ``num_warmups`` plain runs (capture now); otherwise counts this call
+        as one more plain run and returns False."""
+        done = self.done.get(key, 0)
+        if done < self.num_warmups:
+            self.done[key] = done + 1
+            return False
+        return True
+
+
 @dataclass
 class CapturedGraph:
     """One captured graph, what it returns (non-owning views of pool memory) and where its inputs lived."""
@@ -148,12 +169,11 @@ class CUDAGraphPiece:
         self.runnable = runnable
         self.size_args = size_args
         self.capture_sizes = frozenset(capture_sizes)
-        self.num_warmups = num_warmups
         self.pool = pool
         self.stream = stream
         self.debug_addresses = debug_addresses
         self.captured: dict[int | None, CapturedGraph] = {}
-        self.warmups_done: dict[int | None, int] = {}
+        self.warm_ups = WarmUpCount(num_warmups)
 
     def __call__(self, *args):
         if _InsideFullGraph.active:  # a full graph records this piece's kernels itself
@@ -168,9 +188,7 @@ class CUDAGraphPiece:
             return captured.output
         if (self.size_args and size not in self.capture_sizes) or not self._sizes_agree(args, size):
             return self.runnable(*args)
-        done = self.warmups_done.get(size, 0)
-        if done < self.num_warmups:
-            self.warmups_done[size] = done + 1
+        if not self.warm_ups.capture_due(size):
             return self.runnable(*args)
         return self._capture(size, args)
 

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import (
     CapturedGraph,
+    WarmUpCount,
     addresses_of,
     capture_graph,
     check_addresses,
@@ -47,10 +48,9 @@ class FullCUDAGraphs:
 
     def __init__(self, forward: Callable, num_warmups: int, debug_addresses: bool):
         self.forward = forward
-        self.num_warmups = num_warmups
         self.debug_addresses = debug_addresses
         self.captured: dict[BatchDescriptor, CapturedGraph] = {}
-        self.warmups_done: dict[BatchDescriptor, int] = {}
+        self.warm_ups = WarmUpCount(num_warmups)
         self._pool = None
         self._stream: "torch.cuda.Stream | None" = None
 
@@ -66,10 +66,8 @@ class FullCUDAGraphs:
             captured.graph.replay()
             compilation_counter.num_full_cudagraph_replays += 1
             return captured.output
-        done = self.warmups_done.get(key, 0)
         with inside_full_graph():
-            if done < self.num_warmups:
-                self.warmups_done[key] = done + 1
+            if not self.warm_ups.capture_due(key):
                 return self.forward(*args)
             return self._capture(key, args)
 
