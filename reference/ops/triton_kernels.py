@@ -149,6 +149,36 @@ def rotary(
     return q_out, k_out
 
 
+# ---------------------------------------------------------------------------------- attention, shared
+@triton.jit
+def _scores(q, k, scale, softcap, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
+    """q [M, D] . k [N, D]^T x scale, soft-capped (Gemma 2/3: softcap x tanh(s / softcap)): [M, N] fp32."""
+    if IEEE:  # fp32 inputs: exact fp32 products instead of tf32
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * scale
+    if SOFTCAP:
+        s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+    return s
+
+
+@triton.jit
+def _online_softmax_step(acc, m_i, l_i, s, v, IEEE: tl.constexpr):
+    """Fold one block of keys into a running softmax(s) @ v (the online softmax of Milakov & Gimelshein,
+    2018, as FlashAttention uses it): s [M, N] masked scores (-inf where not allowed), v [N, D]; acc
+    [M, D], m_i (running max) and l_i (running sum) [M], fp32. A row with no allowed key so far keeps
+    acc = l_i = 0 (its max is taken as 0, so exp(-inf - 0) = 0 instead of NaN)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    if IEEE:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return acc * alpha[:, None] + pv, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
 # ---------------------------------------------------------------------------------- decode attention
 @triton.jit
 def _decode_attention_kernel(
@@ -188,24 +218,10 @@ def _decode_attention_kernel(
         n = n0 + tl.arange(0, BLOCK_N)
         valid = n < seq_len
         k = tl.load(k_cache + n[:, None] * c_pos + d[None, :], mask=valid[:, None], other=0.0)
-        if IEEE:  # fp32 inputs: exact fp32 products instead of tf32
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [GROUP_PAD, BLOCK_N]
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        if SOFTCAP:
-            s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+        s = _scores(q, k, scale, softcap, SOFTCAP, IEEE)  # [GROUP_PAD, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
         v = tl.load(v_cache + n[:, None] * c_pos + d[None, :], mask=valid[:, None], other=0.0)
-        if IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, IEEE)
     out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # l_i is 0 only for padding
     tl.store(
         out_ptr + seq * out_stride + (kvh * GROUP + g[:, None]) * D + d[None, :],
@@ -284,28 +300,13 @@ def _prefill_attention_kernel(
         for n0 in range(lo, hi, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             k = tl.load(k_cache + n[:, None] * c_pos + d[None, :], mask=(n < hi)[:, None], other=0.0)
-            if IEEE:  # fp32 inputs: exact fp32 products instead of tf32
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale
-            if SOFTCAP:
-                s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * s / softcap)) - 1.0)
+            s = _scores(q, k, scale, softcap, SOFTCAP, IEEE)  # [BLOCK_M, BLOCK_N]
             allowed = (n[None, :] <= q_pos[:, None]) & (n[None, :] < hi)
             if WINDOW:
                 allowed = allowed & (n[None, :] > q_pos[:, None] - window)
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet in its window
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
+            s = tl.where(allowed, s, float("-inf"))  # a row may have no key yet in its window
             v = tl.load(v_cache + n[:, None] * c_pos + d[None, :], mask=(n < hi)[:, None], other=0.0)
-            if IEEE:
-                pv = tl.dot(p, v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, IEEE)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # every real query sees at least itself
         tl.store(
             out_ptr + tokens[:, None] * out_stride + qh * D + d[None, :],
