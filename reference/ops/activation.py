@@ -30,11 +30,21 @@ def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def _gated_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
 silu_and_mul_op = define_op(
-    "silu_and_mul", silu_and_mul_reference, cuda=lambda x: triton_kernels.gated_activation(x, gelu=False)
+    "silu_and_mul",
+    silu_and_mul_reference,
+    fake=_gated_fake,
+    cuda=lambda x: triton_kernels.gated_activation(x, gelu=False),
 )
 gelu_tanh_and_mul_op = define_op(
-    "gelu_tanh_and_mul", gelu_tanh_and_mul_reference, cuda=lambda x: triton_kernels.gated_activation(x, gelu=True)
+    "gelu_tanh_and_mul",
+    gelu_tanh_and_mul_reference,
+    fake=_gated_fake,
+    cuda=lambda x: triton_kernels.gated_activation(x, gelu=True),
 )
 
 

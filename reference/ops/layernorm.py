@@ -36,10 +36,16 @@ def fused_add_rms_norm_reference(
     return rms_norm_reference(residual, weight, eps, weight_offset), residual
 
 
-rms_norm_op = define_op("rms_norm", rms_norm_reference, cuda=lambda *args: triton_kernels.rms_norm(*args))
+rms_norm_op = define_op(
+    "rms_norm",
+    rms_norm_reference,
+    fake=lambda x, weight, eps, weight_offset: x.new_empty(x.shape),
+    cuda=lambda *args: triton_kernels.rms_norm(*args),
+)
 fused_add_rms_norm_op = define_op(
     "fused_add_rms_norm",
     fused_add_rms_norm_reference,
+    fake=lambda x, residual, weight, eps, weight_offset: (x.new_empty(x.shape), x.new_empty(x.shape)),
     cuda=lambda x, residual, weight, eps, offset: triton_kernels.rms_norm(x, weight, eps, offset, residual=residual),
 )
 

@@ -2,8 +2,8 @@
 
 An opaque op is what Dynamo keeps as one graph node and what a CUDA kernel can replace. Each op of the
 project is written once, as plain torch code (its *reference*), and :func:`define_op` makes that code the
-op's implementation on every device, its fake (shape) implementation for tracing, and, on CUDA with
-Triton, swaps in a kernel. Layers call the reference in ``forward_native`` and the op in
+op's implementation on every device, registers a fake (shape) implementation for tracing, and, on CUDA
+with Triton, swaps in a kernel. Layers call the reference in ``forward_native`` and the op in
 ``forward_custom`` (see :mod:`reference.ops.custom_op`).
 
 Splitting ops. The ops the piecewise backend runs eagerly between CUDA graphs by default (attention and
@@ -39,8 +39,8 @@ def define_op(
     name: str,
     impl: Callable,
     *,
+    fake: Callable,
     mutates_args: Sequence[str] = (),
-    fake: Callable | None = None,
     cuda: Callable | None = None,
     splitting: bool = False,
 ):
@@ -51,9 +51,11 @@ def define_op(
         name: the op's name in the ``reference`` namespace.
         impl: fully type-annotated function (torch.library infers the schema from the annotations); the
             op's implementation on every device without a ``cuda`` kernel.
+        fake: what Dynamo runs on fake tensors, once per call site, while it traces: allocate the outputs
+            with the shapes, dtypes and strides ``impl`` (and ``cuda``) give, compute nothing. Running
+            ``impl`` there would work too, but traces every op inside it with a symbolic token count at
+            every layer (the cost is in perf/NOTES.md, v9).
         mutates_args: names of the arguments ``impl`` writes into.
-        fake: shape-only implementation for tracing; default ``impl`` itself, which is right for an op
-            that returns new tensors computed by torch code (fake tensors carry the shapes through).
         cuda: implementation on CUDA devices, used only when Triton is installed and the first
             floating-point argument's dtype is one of ``TRITON_DTYPES`` (``impl`` runs otherwise).
         splitting: tag the op ``torch.Tag.cudagraph_unsafe``: a default splitting op.
@@ -61,7 +63,7 @@ def define_op(
     op = torch.library.custom_op(
         f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args), tags=(SPLITTING_TAG,) if splitting else ()
     )(impl)
-    op.register_fake(fake or impl)
+    op.register_fake(fake)
     if cuda is not None and HAS_TRITON:
 
         def on_cuda(*args):

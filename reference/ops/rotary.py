@@ -52,7 +52,12 @@ def _rotary_cuda(positions, q, k, cos_sin_cache, head_size):
     return triton_kernels.rotary(positions, q, k, cos_sin_cache, head_size)
 
 
-rotary_embedding_op = define_op("rotary_embedding", rotary_embedding_reference, cuda=_rotary_cuda)
+rotary_embedding_op = define_op(
+    "rotary_embedding",
+    rotary_embedding_reference,
+    fake=lambda positions, q, k, cos_sin_cache, head_size: (q.new_empty(q.shape), k.new_empty(k.shape)),
+    cuda=_rotary_cuda,
+)
 
 
 class RotaryEmbedding(CustomOp):
