@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reference.benchmark.results import newest, read_rows
+from reference.benchmark.results import ResultsError, newest, read_rows
 from reference.benchmark.summary import comparison_table, latency_table, speedup_table, startup_table
 from reference.config import MODES
 
@@ -59,6 +59,28 @@ def test_a_round_of_back_to_back_steps_is_read_per_step(tmp_path):
     assert [r.latency_s for r in rows] == [b["stats"]["median"] / 16 for b in doc["benchmarks"]]
     assert [r.iqr_s for r in rows] == [b["stats"]["iqr"] / 16 for b in doc["benchmarks"]]
     assert all(r.measure == "decode step back to back B=8" for r in rows)
+
+
+@pytest.mark.parametrize("p50", [0.0, -0.5, float("nan"), "0.2"], ids=["zero", "negative", "nan", "string"])
+@pytest.mark.parametrize("source", ["bench_latency", "pytest-benchmark"])
+def test_a_latency_that_is_not_positive_is_refused_with_the_file_and_mode(tmp_path, source, p50):
+    """Ratios divide by latencies: a zero, negative or NaN p50 (a corrupt or hand-edited file) is an
+    error naming the file and the mode, not a ZeroDivisionError or a NaN ratio in the report."""
+    if source == "bench_latency":
+        doc = json.loads(GENERATE.read_text())
+        doc["results"][1]["latency_s"]["p50"] = p50
+        mode = doc["results"][1]["mode"]
+    else:
+        doc = json.loads(STEP_NEW.read_text())
+        doc["benchmarks"][1]["stats"]["median"] = p50
+        mode = doc["benchmarks"][1]["extra_info"]["mode"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    expected = f"mode {mode!r}: latency {p50} s is not a positive number"
+    if isinstance(p50, str) and source == "pytest-benchmark":  # divided by the steps per round first
+        expected = "a results file with a field of the wrong type"
+    with pytest.raises(ResultsError, match=f"bad.json: {expected}"):
+        read_rows(path)
 
 
 def test_step_files_alone_give_each_modes_start_up_from_its_first_test():

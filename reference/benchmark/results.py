@@ -122,7 +122,8 @@ def read_rows(path: str | Path) -> list[Row]:
     """The rows of one results file.
 
     Raises:
-        ResultsError: unreadable, not JSON, or neither format (one line naming the file).
+        ResultsError: unreadable, not JSON, neither format, or a latency that is not a positive number
+            (one line naming the file).
     """
     try:
         doc = json.loads(Path(path).read_text())
@@ -130,14 +131,21 @@ def read_rows(path: str | Path) -> list[Row]:
         raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
     try:
         if isinstance(doc, dict) and "results" in doc and "settings" in doc:
-            return _bench_latency_rows(doc, str(path))
-        if isinstance(doc, dict) and "benchmarks" in doc:
-            return _pytest_benchmark_rows(doc, str(path))
-    except (KeyError, TypeError, AttributeError) as err:
+            rows = _bench_latency_rows(doc, str(path))
+        elif isinstance(doc, dict) and "benchmarks" in doc:
+            rows = _pytest_benchmark_rows(doc, str(path))
+        else:
+            raise ResultsError(
+                f"{path}: neither bench_latency JSON ('settings', 'results') nor pytest-benchmark JSON ('benchmarks')"
+            )
+    except KeyError as err:
         raise ResultsError(f"{path}: a results file without the field {err}") from None
-    raise ResultsError(
-        f"{path}: neither bench_latency JSON ('settings', 'results') nor pytest-benchmark JSON ('benchmarks')"
-    )
+    except (TypeError, AttributeError) as err:
+        raise ResultsError(f"{path}: a results file with a field of the wrong type ({err})") from None
+    for row in rows:  # the report divides by latencies
+        if not (isinstance(row.latency_s, (int, float)) and row.latency_s > 0):
+            raise ResultsError(f"{path}: mode {row.mode!r}: latency {row.latency_s} s is not a positive number")
+    return rows
 
 
 def mode_order(rows: list[Row]) -> list[str]:
