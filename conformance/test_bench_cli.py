@@ -126,6 +126,15 @@ BAD_FLAGS = [
         id="unknown-custom-op",
     ),
     pytest.param(["--modes", "eager,eager"], "argument --modes: 'eager,eager' names a mode twice", id="mode-twice"),
+    pytest.param(
+        ["--modes", "eager,,no_inductor"], "argument --modes: 'eager,,no_inductor' has an empty name", id="empty-mode"
+    ),
+    pytest.param(["--seed", "-1"], r"argument --seed: expected an int in \[0, 2\*\*63\), got '-1'", id="negative-seed"),
+    pytest.param(["--seed", str(2**64)], r"argument --seed: expected an int in \[0, 2\*\*63\)", id="huge-seed"),
+    pytest.param(["--output-json", "/proc/no-such-dir/x.json"], "--output-json: cannot write", id="json-unwritable"),
+    pytest.param(["--results-dir", "/proc/no-such-dir"], "--results-dir: cannot write", id="dir-unwritable"),
+    pytest.param(["--output-json", "conformance"], "--output-json: 'conformance' is a directory", id="json-is-dir"),
+    pytest.param(["--results-dir", "README.md"], "--results-dir: 'README.md' is a file", id="dir-is-file"),
     pytest.param(["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]", id="unknown-baseline"),
     pytest.param(
         ["--compilation-config", "{level: 3"], "argument --compilation-config: .*neither JSON", id="unclosed-config"

@@ -25,10 +25,12 @@ import ast
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
+from reference.benchmark.cli import OneLineParser
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.config.vllm_names import translate
 
@@ -58,11 +60,49 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 _positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
 
 
+def _seed(text: str) -> int:
+    """A seed torch.manual_seed takes: an int in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {echo(text)}")
+    return value
+
+
+def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse output paths that cannot be written before the run, not after its minutes of timing: a
+    directory given as ``--output-json``, a file as ``--results-dir``, a place this process cannot write
+    (missing directories are created, as the write would)."""
+    targets = []
+    if args.output_json is not None:
+        if args.output_json.is_dir():
+            parser.error(f"--output-json: {echo(str(args.output_json))} is a directory; give a file path")
+        targets.append(("--output-json", args.output_json.parent))
+    if args.results_dir is not None:
+        if args.results_dir.exists() and not args.results_dir.is_dir():
+            parser.error(f"--results-dir: {echo(str(args.results_dir))} is a file; give a directory")
+        targets.append(("--results-dir", args.results_dir))
+    for flag, directory in targets:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as err:
+            parser.error(f"{flag}: cannot write in {echo(str(directory))} ({err.strerror or err})")
+
+
 def _names(allowed: tuple[str, ...], kind: str) -> Callable[[str], list[str]]:
-    """Parser of a comma-separated list of ``kind`` names out of ``allowed``; '' gives []."""
+    """Parser of a comma-separated list of ``kind`` names out of ``allowed``; '' (or only commas) gives [],
+    an empty name between commas is an error."""
 
     def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not text.replace(",", "").strip():  # '' or only commas: no names
+            return []
+        names = [n.strip() for n in text.split(",")]
+        if "" in names:
+            raise argparse.ArgumentTypeError(f"{echo(text)} has an empty name; choose from {', '.join(allowed)}")
         unknown = [n for n in names if n not in allowed]
         if unknown:
             raise argparse.ArgumentTypeError(
@@ -117,7 +157,7 @@ def _device(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog=PROG,
         description="Latency of whole generate calls per compilation mode, over one set of weights, with the "
         "memory-bandwidth floor and optional transformers baselines.",
@@ -155,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of random weights and of the prompts" + default)
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
         "--threads",
         type=_positive_int,
@@ -252,6 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--input-len + --output-len = {args.input_len + args.output_len} exceeds the model's "
             f"max_position_embeddings ({max_positions})"
         )
+    _check_output_paths(parser, args)
     if args.num_iters_baseline is None:
         args.num_iters_baseline = args.num_iters
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -270,13 +311,6 @@ def _field_value(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return text
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (``PROG: error: ...``) without the usage block above it."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def expand_vllm_spellings(argv: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from reference.benchmark.cli import OneLineParser
 from reference.benchmark.results import ResultsError, newest, read_rows
 from reference.benchmark.summary import (
     IQR_WARNING,
@@ -26,7 +27,7 @@ from reference.benchmark.summary import (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m reference.report", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m reference.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path, help="bench_latency or pytest-benchmark JSON files")
     parser.add_argument("--out", type=Path, help="folder for report.md and latency.png (created if missing)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="print the change per row")
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.compare:
             old, new = (newest(read_rows(p)) for p in args.compare)
+            if not {r.key for r in old} & {r.key for r in new}:
+                parser.error(
+                    f"--compare: {args.compare[0]} and {args.compare[1]} share no (model, measure, mode) row; "
+                    "compare two runs of the same benchmark"
+                )
             print(comparison_table(old, new))
             return 0
         every_row = [row for path in args.results for row in read_rows(path)]
@@ -51,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not rows:
         parser.error("the files hold no latency rows")
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file of that name, or no permission
+        parser.error(f"--out: cannot make the folder {args.out} ({err.strerror or err})")
     from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
 
     chart = latency_chart(rows, args.out / "latency.png")
