@@ -121,6 +121,11 @@ BAD_FLAGS = [
         id="unregistered-splitting-op",
     ),
     pytest.param(
+        ["--compilation-config", "{'splitting_ops': ['aten::mm']}"],
+        r"argument --compilation-config: splitting_ops: 'aten::mm' is an ATen-level op",
+        id="aten-splitting-op",
+    ),
+    pytest.param(
         ["--compilation-config", "{'custom_ops': ['+flash_norm']}"],
         r"argument --compilation-config: custom_ops: unknown op 'flash_norm'",
         id="unknown-custom-op",

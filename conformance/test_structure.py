@@ -307,6 +307,15 @@ def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled(impl
         impl.compile(SillyModel(), config)
 
 
+@pytest.mark.inductor
+@pytest.mark.parametrize("name", ["aten::mm", "prims::add"])
+def test_an_aten_splitting_op_is_refused_since_dynamo_graphs_never_hold_one(impl, name):
+    """ATen and prims ops are registered, but Dynamo records torch-level calls: the graph would never be
+    cut at them (README, splitting_ops)."""
+    with pytest.raises(ConfigError, match=f"splitting_ops: '{name}' is an ATen-level op"):
+        impl.compile(SillyModel(), CompilationConfig(splitting_ops=[name]))
+
+
 @pytest.mark.requires("pieces")
 @pytest.mark.no_inductor
 def test_the_default_splits_at_every_op_tagged_cudagraph_unsafe(impl):

@@ -25,13 +25,22 @@ from reference.ops.library import direct_call
 
 
 def check_splitting_ops_exist(names: tuple[str, ...]) -> None:
-    """Each ``namespace::op`` name is a registered torch.library op.
+    """Each ``namespace::op`` name is a registered torch.library op above ATen.
 
     Raises:
-        ConfigError: naming the first that is not.
+        ConfigError: naming the first that is not, or that is an ATen / prims op (registered, but Dynamo
+            graphs record torch-level calls and custom ops, so they never hold one to cut at, and a
+            breakable capture refuses it since it returns tensors).
     """
     for name in names:
         namespace, op = name.split("::")
+        if namespace in ("aten", "prims"):
+            raise ConfigError(
+                f"splitting_ops: {name!r} is an ATen-level op: Dynamo's graph never holds one (ATen ops appear "
+                "later, in AOT Autograd), and a breakable capture could not break at it (ATen ops return tensors; "
+                "a splitting op writes into buffers it is given); name a torch.library custom op such as "
+                "'reference::attention'"
+            )
         if not hasattr(getattr(torch.ops, namespace), op):
             raise ConfigError(
                 f"splitting_ops: {name!r} is not a registered torch.library op; import the module that "
