@@ -78,6 +78,13 @@ def test_directory_without_config_json_is_rejected(tmp_path):
         model_config(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_model_name_is_called_empty_not_the_working_directory(name):
+    """Path('') is '.', a directory: the message must name the real mistake."""
+    with pytest.raises(ValueError, match=r"model: '\s*' is empty; expected a preset"):
+        model_config(name)
+
+
 def test_unsupported_model_type_is_named():
     with pytest.raises(ValueError, match=r"model_type: 'mistral' is not supported; supported: \[.*'llama'"):
         model_class(MistralConfig())

@@ -80,7 +80,10 @@ def model_config(model: str | Path) -> PretrainedConfig:
     path = Path(model)
     file = path / "config.json"
     if not file.is_file():
-        what = "a directory without config.json" if path.is_dir() else "neither a preset nor a directory"
+        if not str(model).strip():  # Path('') is '.', a directory
+            what = "empty"
+        else:
+            what = "a directory without config.json" if path.is_dir() else "neither a preset nor a directory"
         raise ValueError(
             f"model: {echo(str(model))} is {what}; expected a preset ({', '.join(PRESETS)}) or a "
             "transformers checkpoint directory containing config.json and *.safetensors"
@@ -172,9 +175,7 @@ def model_class(config: PretrainedConfig) -> type[nn.Module]:
     """
     cls = MODEL_CLASSES.get(config.model_type)
     if cls is None:
-        raise ValueError(
-            f"model_type: {config.model_type!r} is not supported; supported: {sorted(MODEL_CLASSES)}"
-        )
+        raise ValueError(f"model_type: {config.model_type!r} is not supported; supported: {sorted(MODEL_CLASSES)}")
     return cls
 
 
