@@ -11,21 +11,34 @@ few-ulp differences a different reduction or operation order could cause.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.activations import ACT2FN
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from conformance.helpers import build_llama, small_llama_config
 from reference.config import CompilationConfig, ConfigError, mode_config
+from reference.engine import ModelRunner
+from reference.models import registry
 from reference.models.llama import LlamaForCausalLM, llama_rotary
-from reference.ops import CustomOp, CustomOpSelection, GeluTanhAndMul, RMSNorm, SiluAndMul, registered_custom_ops
+from reference.ops import (
+    CustomOp,
+    CustomOpSelection,
+    GeluTanhAndMul,
+    QKNormRotary,
+    RMSNorm,
+    SiluAndMul,
+    registered_custom_ops,
+)
 
 # The reference's own components (not the compilation mechanism): skipped for other --impl.
 pytestmark = pytest.mark.requires("components")
 
-CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding"}
+CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding", "qk_norm_rope"}
 EXACT = dict(rtol=0, atol=0)  # see the module docstring
 
 
@@ -214,6 +227,86 @@ def test_rotary_custom_equals_native_and_transformers(dtype):
     torch.testing.assert_close(nk, ek.transpose(1, 2).reshape(6, kv_heads * d))
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen3", "gemma3"])
+def test_qk_norm_rope_custom_equals_native_and_transformers(dtype, offset):
+    """One op for the per-head q/k norms and RoPE; native is the three layers it replaces."""
+    hf = small_llama_config()
+    heads, kv_heads, d = hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
+    gen = torch.Generator().manual_seed(4)
+    positions = torch.randint(0, hf.max_position_embeddings, (6,), generator=gen)
+    qkv = torch.randn(6, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    norms = [RMSNorm(BOTH, d, eps=1e-6, weight_offset=offset) for _ in range(2)]
+    for norm in norms:
+        with torch.no_grad():
+            norm.weight.copy_(0.1 * torch.randn(d, generator=gen) + (1.0 - offset))
+    rotary = llama_rotary(hf, BOTH)
+    layer = QKNormRotary(BOTH, *norms, rotary).to(dtype)
+    for norm in norms:
+        norm.to(dtype)
+    (nq, nk), (cq, ck) = layer.forward_native(positions, q, k), layer.forward_custom(positions, q, k)
+    torch.testing.assert_close(cq, nq, **EXACT)
+    torch.testing.assert_close(ck, nk, **EXACT)
+    assert [name for name, _ in layer.named_parameters()] == []  # the weights stay the norms' own
+
+    oracle_norm = LlamaRMSNorm if offset == 0 else Gemma3RMSNorm
+    cos, sin = LlamaRotaryEmbedding(hf)(q, positions[None])  # [1, T, D], q's dtype
+    as_heads = lambda x, h: x.reshape(1, 6, h, d).transpose(1, 2)  # noqa: E731  [T, h*D] -> [1, h, T, D]
+    with torch.no_grad():
+        hf_norms = [oracle_norm(d, 1e-6).to(dtype) for _ in range(2)]
+        for hf_norm, norm in zip(hf_norms, norms):
+            hf_norm.weight.copy_(norm.weight)
+        eq, ek = apply_rotary_pos_emb(hf_norms[0](as_heads(q, heads)), hf_norms[1](as_heads(k, kv_heads)), cos, sin)
+    torch.testing.assert_close(nq, eq.transpose(1, 2).reshape(6, heads * d))
+    torch.testing.assert_close(nk, ek.transpose(1, 2).reshape(6, kv_heads * d))
+
+
+def test_qk_norms_with_different_settings_are_refused_by_the_fused_layer():
+    q_norm, k_norm = RMSNorm(BOTH, 8, eps=1e-6), RMSNorm(BOTH, 8, eps=1e-5)
+    with pytest.raises(ValueError, match="one eps and one weight offset"):
+        QKNormRotary(BOTH, q_norm, k_norm, llama_rotary(small_llama_config(), BOTH))
+
+
+class _ProjectOpCalls(TorchDispatchMode):
+    """Counts the ``reference::`` ops dispatched while active; per-head RMSNorms (3-D input) apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "reference":
+            name = func.name().split(".")[0]
+            self.calls[name + (" per head" if name == "reference::rms_norm" and args[0].dim() == 3 else "")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize(
+    "model, custom_ops, per_layer",
+    [
+        ("qwen3-tiny", ["all"], {"reference::qk_norm_rope": 1}),
+        ("qwen3-tiny", ["all", "-qk_norm_rope"], {"reference::rotary_embedding": 1, "reference::rms_norm per head": 2}),
+        ("qwen3-tiny", ["none", "+qk_norm_rope"], {"reference::qk_norm_rope": 1}),
+        ("qwen3-tiny", ["none"], {}),
+        ("gemma-3-tiny", ["all"], {"reference::qk_norm_rope": 1}),
+        ("llama-tiny", ["all"], {"reference::rotary_embedding": 1}),
+    ],
+)
+def test_the_attention_prologue_runs_the_ops_the_selection_names(model, custom_ops, per_layer):
+    """Qwen3 and Gemma 3 normalise q and k per head, then rotate: one op with custom ops on, the three
+    layers' own ops when ``-qk_norm_rope`` says so, none of them with custom ops off."""
+    config = CompilationConfig(level=0, custom_ops=custom_ops)
+    net = registry.build_model(model, CustomOpSelection(config), dtype=torch.float32, device="cpu")
+    runner = ModelRunner(net, config, max_num_seqs=1, max_model_len=8)
+    with _ProjectOpCalls() as recorder:
+        runner.step([[1, 2, 3]], [0], [0])
+    prologue = {"reference::qk_norm_rope", "reference::rotary_embedding", "reference::rms_norm per head"}
+    calls = {name: n for name, n in recorder.calls.items() if name in prologue}
+    assert calls == {name: n * net.config.num_hidden_layers for name, n in per_layer.items()}
+
+
 # One call of each tensor-returning op as a layer makes it: (op, arguments). T=6 tokens; q, k and the
 # per-head norm's input are strided views of one projection output, as the models pass them.
 def _sample_calls() -> dict:
@@ -232,6 +325,7 @@ def _sample_calls() -> dict:
         "silu_and_mul": (ops.silu_and_mul, (x,)),
         "gelu_tanh_and_mul": (ops.gelu_tanh_and_mul, (x,)),
         "rotary_embedding": (ops.rotary_embedding, (positions, q, k, table, d)),
+        "qk_norm_rope": (ops.qk_norm_rope, (positions, q, k, torch.randn(d), torch.randn(d), 1e-6, 0.0, table, d)),
     }
 
 

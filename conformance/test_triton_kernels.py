@@ -93,6 +93,30 @@ def test_rotary_kernel_matches_torch_on_strided_views(dtype_tol):
     torch.testing.assert_close(rotated_k, rotate_reference(positions, k, cache, d), **tol)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["qwen3_qk_norm", "gemma_qk_norm"])
+def test_rotary_kernel_with_per_head_norms_matches_torch_and_the_two_kernels(dtype_tol, offset):
+    """The q/k norms in front of RoPE, one launch: against the torch functions, and against the
+    per-head RMSNorm kernel followed by the RoPE kernel (the launches it replaces)."""
+    from reference.ops.rotary import cos_sin_table, qk_norm_rope_reference
+
+    dtype, tol = dtype_tol
+    d, heads, kv_heads = 128, 32, 8
+    cache = cos_sin_table(1.0 / (1000000 ** (torch.arange(0, d, 2).float() / d)), 4096).cuda()
+    qkv = torch.randn(9, (heads + 2 * kv_heads) * d, device="cuda", dtype=dtype)
+    q, k = qkv[:, : heads * d], qkv[:, heads * d : (heads + kv_heads) * d]  # strided views
+    q_w, k_w = (torch.randn(d, device="cuda", dtype=dtype) for _ in range(2))
+    positions = torch.randint(0, 4096, (9,), device="cuda")
+    fused_q, fused_k = _tk().rotary(positions, q, k, cache, d, (q_w, k_w, 1e-6, offset))
+    want_q, want_k = qk_norm_rope_reference(positions, q, k, q_w, k_w, 1e-6, offset, cache, d)
+    torch.testing.assert_close(fused_q, want_q, **tol)
+    torch.testing.assert_close(fused_k, want_k, **tol)
+    normed_q = _tk().rms_norm(q.view(9, heads, d), q_w, 1e-6, offset).view(9, -1)
+    normed_k = _tk().rms_norm(k.view(9, kv_heads, d), k_w, 1e-6, offset).view(9, -1)
+    two_q, two_k = _tk().rotary(positions, normed_q, normed_k, cache, d)
+    torch.testing.assert_close(fused_q, two_q, **tol)  # the norm's sum is taken in another order
+    torch.testing.assert_close(fused_k, two_k, **tol)
+
+
 @pytest.mark.parametrize(
     "window,softcap", [(None, None), (7, None), (None, 30.0)], ids=["full", "sliding_window", "softcap"]
 )

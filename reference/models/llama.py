@@ -78,13 +78,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.norm_qk(q, k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.position_qk(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalisation of q [T, Hq*D] and k [T, Hkv*D] before RoPE: none in Llama (Qwen3 adds one)."""
-        return q, k
+    def position_qk(self, positions, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What q [T, Hq*D] and k [T, Hkv*D] go through before attention: RoPE in Llama (Qwen3 normalises
+        each head first)."""
+        return self.rotary_emb(positions, q, k)
 
 
 class LlamaMLP(nn.Module):

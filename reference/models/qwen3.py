@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen3Config
 
 from reference.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-from reference.ops import Attention, CustomOpSelection, RMSNorm, RotaryEmbedding
+from reference.ops import Attention, CustomOpSelection, QKNormRotary, RMSNorm, RotaryEmbedding
 
 
 class Qwen3Attention(LlamaAttention):
@@ -45,14 +45,11 @@ class Qwen3Attention(LlamaAttention):
         super().__init__(config, ops, rotary, prefix, attention_cls, scale=scale, sliding_window=sliding_window)
         self.q_norm = RMSNorm(ops, self.head_size, config.rms_norm_eps, norm_offset)
         self.k_norm = RMSNorm(ops, self.head_size, config.rms_norm_eps, norm_offset)
+        self.qk_norm_rope = QKNormRotary(ops, self.q_norm, self.k_norm, rotary)
 
-    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq*D], k [T, Hkv*D] -> same shapes, each head RMS-normalised over its D values."""
-        # [T, heads * D] -> [T, heads, D]: views of the fused qkv output (no copy); RMSNorm normalises
-        # the last dimension and returns contiguous [T, heads, D]
-        q_heads = self.q_norm(q.view(q.shape[0], -1, self.head_size))
-        k_heads = self.k_norm(k.view(k.shape[0], -1, self.head_size))
-        return q_heads.view(q.shape), k_heads.view(k.shape)
+    def position_qk(self, positions, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq*D], k [T, Hkv*D] -> same shapes: each head RMS-normalised over its D values, then RoPE."""
+        return self.qk_norm_rope(positions, q, k)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

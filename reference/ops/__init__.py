@@ -6,7 +6,7 @@ from reference.ops.attention_metadata import AttentionMetadata
 from reference.ops.custom_op import CustomOp, CustomOpSelection, registered_custom_ops
 from reference.ops.layernorm import RMSNorm
 from reference.ops.library import HAS_TRITON, kernel_backend
-from reference.ops.rotary import RotaryEmbedding
+from reference.ops.rotary import QKNormRotary, RotaryEmbedding
 
 __all__ = [
     "ATTENTION_OP",
@@ -17,6 +17,7 @@ __all__ = [
     "CustomOpSelection",
     "GatedActivation",
     "GeluTanhAndMul",
+    "QKNormRotary",
     "RMSNorm",
     "RotaryEmbedding",
     "SiluAndMul",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from reference.ops.custom_op import CustomOp, CustomOpSelection
+from reference.ops.layernorm import RMSNorm, rms_norm_reference
 from reference.ops.library import HAS_TRITON, define_op
 
 if HAS_TRITON:
@@ -98,3 +99,73 @@ class RotaryEmbedding(CustomOp):
 
     def forward_custom(self, positions, q, k):
         return rotary_embedding_op(positions, q, k, self.cos_sin_cache, self.head_size)
+
+
+def qk_norm_rope_reference(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of each head of q: [T, Hq * D] and k: [T, Hkv * D] over its D values (weights [D]), then neox
+    RoPE at positions [T]; returns new (q, k) [T, H * D]."""
+    t = q.shape[0]
+    q = rms_norm_reference(q.view(t, -1, head_size), q_weight, eps, weight_offset).view(t, -1)
+    k = rms_norm_reference(k.view(t, -1, head_size), k_weight, eps, weight_offset).view(t, -1)
+    return rotary_embedding_reference(positions, q, k, cos_sin_cache, head_size)
+
+
+def _qk_norm_rope_cuda(positions, q, k, q_weight, k_weight, eps, weight_offset, cos_sin_cache, head_size):
+    return triton_kernels.rotary(positions, q, k, cos_sin_cache, head_size, (q_weight, k_weight, eps, weight_offset))
+
+
+qk_norm_rope_op = define_op(
+    "qk_norm_rope",
+    qk_norm_rope_reference,
+    fake=lambda positions, q, k, *_: (q.new_empty(q.shape), k.new_empty(k.shape)),
+    cuda=_qk_norm_rope_cuda,
+)
+
+
+class QKNormRotary(CustomOp):
+    """Per-head RMSNorm of q and k, then RoPE: Qwen3's and Gemma 3's attention prologue.
+
+    ``forward(positions [T] int64, q [T, Hq*D], k [T, Hkv*D]) -> (q, k)``, contiguous, q's dtype. Native:
+    the three layers it is given, each with its own native/custom choice (three launches with custom
+    ops). Custom: one op, one launch on CUDA (the RoPE kernel with the norms in front). vLLM fuses the same
+    pattern with a compiler pass (its QK-norm + RoPE fusion); here the model asks for it, so it serves
+    ``use_inductor=False`` too.
+
+    Args:
+        ops: custom-op selection (``qk_norm_rope``).
+        q_norm, k_norm: the per-head norms (weights [D], one eps and offset); they stay the attention's
+            own submodules, so checkpoint names are unchanged.
+        rotary: the RoPE layer.
+    """
+
+    name = "qk_norm_rope"
+
+    def __init__(self, ops: CustomOpSelection, q_norm: RMSNorm, k_norm: RMSNorm, rotary: RotaryEmbedding):
+        super().__init__(ops)
+        if (q_norm.eps, q_norm.weight_offset) != (k_norm.eps, k_norm.weight_offset):
+            raise ValueError("q_norm and k_norm: the fused op takes one eps and one weight offset for both")
+        self._layers = (q_norm, k_norm, rotary)  # a tuple: not submodules, the parameters keep their names
+
+    def forward_native(self, positions, q, k):
+        q_norm, k_norm, rotary = self._layers
+        t, d = q.shape[0], rotary.head_size
+        q = q_norm(q.view(t, -1, d)).view(t, -1)  # [T, heads, D] views of the qkv output, read in place
+        k = k_norm(k.view(t, -1, d)).view(t, -1)
+        return rotary(positions, q, k)
+
+    def forward_custom(self, positions, q, k):
+        q_norm, k_norm, rotary = self._layers
+        return qk_norm_rope_op(
+            positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, q_norm.weight_offset,
+            rotary.cos_sin_cache, rotary.head_size,
+        )  # fmt: skip

@@ -8,7 +8,8 @@ it only when it is available (see :func:`reference.ops.custom_op.kernel_backend`
 Kernels:
 * ``rms_norm`` / ``fused_add_rms_norm``: one program per token row (H <= 16384).
 * ``gated_activation``: SiLU- or GELU(tanh)-and-mul, one program per (row, block of I).
-* ``rotary``: neox RoPE of q and k in one launch, one program per token.
+* ``rotary``: neox RoPE of q and k in one launch, one program per token, optionally after a per-head
+  RMSNorm of each (Qwen3's and Gemma 3's q/k norms) in the same launch.
 * ``decode_attention``: for one new token per sequence, writes its key/value into the KV cache and
   attends over the cached context, one program per (sequence, KV head) handling the KV head's whole
   query group (a sequence of length 0 is a full graph's padding: nothing is written to its cache row and
@@ -105,46 +106,78 @@ def gated_activation(x: torch.Tensor, gelu: bool) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- RoPE
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, tok, cos, sin, x_stride, heads, d, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rotate one token's ``heads`` heads of x (row ``tok``, row stride ``x_stride``) into out (contiguous)."""
+def _rotate_heads(
+    x_ptr, out_ptr, w_ptr, tok, cos, sin, x_stride, heads, d, eps, weight_offset,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr, OFFSET_STYLE: tl.constexpr,
+):
+    """Rotate one token's ``heads`` heads of x (row ``tok``, row stride ``x_stride``) into out (contiguous);
+    with NORM, RMS-normalise each head first, rounding where ``_rms_norm_kernel`` does."""
     h = tl.arange(0, BLOCK_H)
     offs = h[:, None] * (2 * HALF) + d[None, :]  # [BLOCK_H, HALF]
     mask = h[:, None] < heads
     x1 = tl.load(x_ptr + tok * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + tok * x_stride + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    if NORM:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + d).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)[None, :]
+        if OFFSET_STYLE:  # Gemma: (1 + w) in fp32, one rounding
+            x1 = (x1 * rstd * (w1 + weight_offset)).to(dtype).to(tl.float32)
+            x2 = (x2 * rstd * (w2 + weight_offset)).to(dtype).to(tl.float32)
+        else:  # Qwen3: normalise, round, multiply by w, round
+            x1 = ((x1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+            x2 = ((x2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
     out = out_ptr + tok * heads * 2 * HALF + offs
-    tl.store(out, (x1 * cos[None, :] - x2 * sin[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out, (x1 * cos[None, :] - x2 * sin[None, :]).to(dtype), mask=mask)
+    tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(dtype), mask=mask)
 
 
 @triton.jit
 def _rotary_kernel(
-    pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, q_stride, k_stride, q_heads, k_heads, cache_stride,
-    HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
+    pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, q_w_ptr, k_w_ptr,
+    q_stride, k_stride, q_heads, k_heads, cache_stride, eps, weight_offset,
+    HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, NORM: tl.constexpr,
+    OFFSET_STYLE: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok)
     d = tl.arange(0, HALF)
     cos = tl.load(cache_ptr + pos * cache_stride + d).to(q_ptr.dtype.element_ty).to(tl.float32)
     sin = tl.load(cache_ptr + pos * cache_stride + HALF + d).to(q_ptr.dtype.element_ty).to(tl.float32)
-    _rotate_heads(q_ptr, q_out_ptr, tok, cos, sin, q_stride, q_heads, d, HALF, BLOCK_QH)
-    _rotate_heads(k_ptr, k_out_ptr, tok, cos, sin, k_stride, k_heads, d, HALF, BLOCK_KH)
+    _rotate_heads(
+        q_ptr, q_out_ptr, q_w_ptr, tok, cos, sin, q_stride, q_heads, d, eps, weight_offset,
+        HALF, BLOCK_QH, NORM, OFFSET_STYLE,
+    )
+    _rotate_heads(
+        k_ptr, k_out_ptr, k_w_ptr, tok, cos, sin, k_stride, k_heads, d, eps, weight_offset,
+        HALF, BLOCK_KH, NORM, OFFSET_STYLE,
+    )
 
 
 def rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, head_size: int
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cache: torch.Tensor,
+    head_size: int,
+    norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, Hq * D], k: [T, Hkv * D] (last dims contiguous, rows may be strided) rotated at positions [T]
-    in one launch; cache [P, D] fp32 (cos | sin). Returns contiguous (q, k) in the inputs' dtype."""
+    in one launch; cache [P, D] fp32 (cos | sin). ``norm = (q_weight [D], k_weight [D], eps,
+    weight_offset)`` RMS-normalises each head of q and k first (Qwen3, Gemma 3), in the same launch.
+    Returns contiguous (q, k) in the inputs' dtype."""
     t = q.shape[0]
     q_heads, k_heads = q.shape[1] // head_size, k.shape[1] // head_size
     q_out = torch.empty((t, q.shape[1]), dtype=q.dtype, device=q.device)
     k_out = torch.empty((t, k.shape[1]), dtype=k.dtype, device=k.device)
+    q_w, k_w, eps, offset = norm if norm is not None else (q, k, 0.0, 0.0)  # weights unread without NORM
     if t:
         _rotary_kernel[(t,)](
-            positions, q, k, q_out, k_out, cache, q.stride(0), k.stride(0), q_heads, k_heads, cache.stride(0),
+            positions, q, k, q_out, k_out, cache, q_w, k_w, q.stride(0), k.stride(0), q_heads, k_heads,
+            cache.stride(0), eps, offset,
             HALF=head_size // 2, BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
-            num_warps=4,
+            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, num_warps=4,
         )
     return q_out, k_out
 
