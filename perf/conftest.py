@@ -124,7 +124,8 @@ def _settings(config: pytest.Config) -> PerfSettings:
 
 
 def pytest_configure(config):
-    """Check the options; save every run to ``<rootdir>/.benchmarks`` (pytest-benchmark's autosave).
+    """Check the options; print each benchmark's line when its test ends; save every run to
+    ``<rootdir>/.benchmarks`` (pytest-benchmark's autosave).
 
     Runs before pytest-benchmark's own ``pytest_configure`` (which is ``trylast``) reads these options when
     this conftest is loaded at start-up, i.e. when ``perf/`` (or a file in it) is on the command line;
@@ -132,6 +133,7 @@ def pytest_configure(config):
     given on the command line is kept.
     """
     config.stash[_SETTINGS] = _settings(config)
+    config.pluginmanager.register(_LinePrinter(config), "perf-line-printer")
     torch.set_num_threads(config.stash[_SETTINGS].threads)
     if not config.option.benchmark_autosave:
         config.option.benchmark_autosave = get_tag()  # what --benchmark-autosave stores: commit id + time
@@ -273,27 +275,51 @@ _REPORT = pytest.StashKey[list]()
 
 @pytest.fixture(scope="session")
 def perf_report(pytestconfig):
-    """``perf_report(name, median_s | None, extra_info)``: adds a line to the summary printed at the end."""
+    """``perf_report(name, median_s | None, extra_info)``: the benchmark's line, printed when its test ends
+    (so a run cut short keeps it) and again in the summary at the end."""
     lines = pytestconfig.stash.setdefault(_REPORT, [])
-    return lambda name, median, info: lines.append((name, median, dict(info)))
+    return lambda name, median, info: lines.append(_describe(name, median, info))
+
+
+def _describe(name: str, median: float | None, info: dict) -> str:
+    """One line: the median (ms) next to its derived figures (tokens/s, floor, start-up costs)."""
+    if median is None:
+        return f"{name}: not timed (benchmarks disabled)"
+    per_step = f" per step (rounds of {info['steps_per_round']})" if info.get("steps_per_round", 1) > 1 else ""
+    parts = [f"{name}: {median * 1e3:.3f} ms{per_step}", f"{info['tokens_per_s']:,.0f} tokens/s"]
+    if "floor_ms" in info:
+        parts.append(f"floor {info['floor_ms']:.3f} ms ({info['bandwidth_source']}), {info['ratio_to_floor']:.2f}x")
+    if "compile_s" in info:
+        parts.append(f"startup: compile {info['compile_s']:.2f} s, capture {info['capture_s']:.2f} s")
+        if info["capture_sizes"]:
+            parts[-1] += f" (sizes {info['capture_sizes']}, {info['graph_gib']:.3f} GiB)"
+    return ", ".join(parts)
+
+
+class _LinePrinter:
+    """Prints the lines a test reported once it ends (``pytest_runtest_logfinish`` runs outside output
+    capture, which the test's own call does not)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config, self.printed = config, 0
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        lines = self.config.stash.get(_REPORT, [])
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None or self.printed == len(lines):
+            return
+        terminal.ensure_newline()  # after `path .` (no -q) or `nodeid PASSED` (-v)
+        if terminal.verbosity < 0:  # -q writes the test's `.` with no path, which ensure_newline ignores
+            terminal.write("\n")
+        for line in lines[self.printed :]:
+            terminal.write_line(line)
+        self.printed = len(lines)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Print each benchmark's median next to its derived figures (tokens/s, floor, start-up costs)."""
+    """Print every benchmark's line again, together, at the end."""
     lines = config.stash.get(_REPORT, [])
-    if not lines:
-        return
-    terminalreporter.section("perf: medians with derived figures")
-    for name, median, info in lines:
-        if median is None:
-            terminalreporter.write_line(f"{name}: not timed (benchmarks disabled)")
-            continue
-        per_step = f" per step (rounds of {info['steps_per_round']})" if info.get("steps_per_round", 1) > 1 else ""
-        parts = [f"{name}: {median * 1e3:.3f} ms{per_step}", f"{info['tokens_per_s']:,.0f} tokens/s"]
-        if "floor_ms" in info:
-            parts.append(f"floor {info['floor_ms']:.3f} ms ({info['bandwidth_source']}), {info['ratio_to_floor']:.2f}x")
-        if "compile_s" in info:
-            parts.append(f"startup: compile {info['compile_s']:.2f} s, capture {info['capture_s']:.2f} s")
-            if info["capture_sizes"]:
-                parts[-1] += f" (sizes {info['capture_sizes']}, {info['graph_gib']:.3f} GiB)"
-        terminalreporter.write_line(", ".join(parts))
+    if lines:
+        terminalreporter.section("perf: medians with derived figures")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,35 @@
+"""The perf suite prints each benchmark's line when its test ends, not only in the summary at the end, so
+a run cut short (a device call's time limit, a crash) keeps the numbers it measured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+BENCHMARK_THEN_DEATH = """
+import os
+
+
+def test_a_benchmark(perf_report):
+    perf_report("test_a_benchmark", 0.00125, {"tokens_per_s": 6400.0})
+
+
+def test_the_run_dies(perf_report):
+    os._exit(3)  # no summary, no JSON: what a killed run leaves
+"""
+
+
+def test_a_run_cut_short_keeps_the_lines_of_the_benchmarks_it_finished(tmp_path):
+    (tmp_path / "test_cut_short.py").write_text(BENCHMARK_THEN_DEATH)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "perf.conftest", "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_cut_short.py")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "test_a_benchmark: 1.250 ms, 6,400 tokens/s" in run.stdout, run.stdout
