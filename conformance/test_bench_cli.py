@@ -192,7 +192,33 @@ BAD_FLAGS = [
     pytest.param(["--modes", ""], "argument --modes: no mode given", id="empty-modes"),
     pytest.param(["--modes", " , "], "argument --modes: no mode given", id="blank-modes"),
     pytest.param(["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'", id="batch-size-0"),
-    pytest.param(["--threads", "0"], "argument --threads: expected an int >= 1, got '0'", id="threads-0"),
+    pytest.param(["--threads", "0"], r"argument --threads: expected an int in \[1, \d+\]", id="threads-0"),
+    pytest.param(
+        ["--threads", "100000"],
+        r"argument --threads: expected an int in \[1, \d+\] \(this machine's CPUs\), got '100000'",
+        id="threads-above-the-cpus",
+    ),
+    pytest.param(
+        ["-O", "{'cudagraph_capture_sizes': [4]}", "-O", "{'custom_ops': ['none']}"],
+        "--compilation-config given twice",
+        id="config-given-twice",
+    ),
+    pytest.param(["-cc", "{'custom_ops': ['none']}", "-O3"], "--compilation-config given twice", id="config-and-level"),
+    pytest.param(
+        ["-O.cudagraph_capture_sizes=[1,2]", "-O.cudagraph_capture_sizes=[4]"],
+        "-O.cudagraph_capture_sizes given twice",
+        id="field-given-twice",
+    ),
+    pytest.param(
+        ["-O", '{"cudagraph_capture_sizes": [1, 2], "cudagraph_capture_sizes": [4]}'],
+        "compilation config: key 'cudagraph_capture_sizes' given twice",
+        id="json-key-given-twice",
+    ),
+    pytest.param(
+        ["-O", "{'custom_ops': ['all'], 'custom_ops': ['none']}"],
+        "compilation config: key 'custom_ops' given twice",
+        id="literal-key-given-twice",
+    ),
     pytest.param(["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'", id="num-iters-0"),
     pytest.param(
         ["--num-iters-baseline", "0"],
@@ -445,3 +471,17 @@ def test_a_dotted_number_is_that_number_and_every_usage_error_is_one_line(capsys
     with pytest.raises(SystemExit):  # vLLM's name for the field is the same field
         main(["--model", "toy-llama", "--modes", "inductor", "-O.mode=NONE"])
     assert "sets level, which --modes decides" in capsys.readouterr().err
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize("batch_size", [10**8, 10**23], ids=["past-memory", "past-int64"])
+def test_a_batch_no_kv_cache_can_hold_is_one_line_and_exit_2_before_any_work(batch_size, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "llama-tiny", "--batch-size", str(batch_size), "--input-len", "4", "--output-len", "2",
+              "--modes", "eager", "--num-iters-warmup", "0", "--num-iters", "1"])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert re.match(
+        rf"python -m reference.bench_latency: error: max_num_seqs x max_model_len \({batch_size} x 6\)", err
+    )

@@ -320,8 +320,9 @@ def test_default_max_model_len_is_capped_at_2048_and_dtype_auto_follows_the_chec
         (dict(device="tpu"), "^device:"),
         (dict(model="no-such-model"), "^model:"),
         (dict(model=None), "^model: expected a preset name"),
-        (dict(seed=1.5), r"^seed: expected an int >= 0, got 1.5"),
-        (dict(seed=-1), r"^seed: expected an int >= 0, got -1"),
+        (dict(seed=1.5), r"^seed: expected an int in \[0, 2\*\*63\), got 1.5"),
+        (dict(seed=-1), r"^seed: expected an int in \[0, 2\*\*63\), got -1"),
+        (dict(seed=2**64), r"^seed: expected an int in \[0, 2\*\*63\), got 18446744073709551616"),
         (dict(enforce_eager="yes"), r"^enforce_eager: expected a bool, got 'yes'"),
     ],
 )

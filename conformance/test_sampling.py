@@ -149,6 +149,8 @@ def test_a_sampled_row_without_a_generator_is_an_error():
         ("stop_token_ids", [1, -3]),
         ("stop_token_ids", "12"),
         ("seed", 1.5),
+        ("seed", -1),  # the LLM's own seed refuses it too
+        ("seed", 2**64),  # torch.Generator.manual_seed overflows
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value):

@@ -16,6 +16,7 @@ import torch
 from pytest_benchmark.utils import get_tag
 
 from reference.benchmark.choices import TORCH_NATIVE_MODE
+from reference.benchmark.cli import usable_cpus
 from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.machine import benchmark_threads
 from reference.benchmark.machine import machine_info as reference_machine_info
@@ -109,6 +110,11 @@ def _settings(config: pytest.Config) -> PerfSettings:
         if config.getoption(option) < 1:
             flag = "--" + option.replace("_", "-")
             raise pytest.UsageError(f"{flag}: expected a positive int, got {config.getoption(option)}")
+    if (config.getoption("perf_threads") or 1) > usable_cpus():
+        raise pytest.UsageError(
+            f"--perf-threads: expected an int in [1, {usable_cpus()}] (this machine's CPUs), "
+            f"got {config.getoption('perf_threads')}"
+        )
     longest = model_config.max_position_embeddings - 1  # the decode step's token sits at position input_len
     if config.getoption("perf_input_len") > longest:
         raise pytest.UsageError(f"--perf-input-len: {model} takes at most {longest} prompt tokens here")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
-from reference.benchmark.cli import OneLineParser
+from reference.benchmark.cli import OneLineParser, usable_cpus
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.config.vllm_names import translate
 
@@ -60,13 +60,25 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 _positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
 
 
+def _threads(text: str) -> int:
+    """An intra-op thread count in [1, usable_cpus()]."""
+    cpus = usable_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"expected an int in [1, {cpus}] (this machine's CPUs), got {echo(text)}")
+    return value
+
+
 def _seed(text: str) -> int:
     """A seed torch.manual_seed takes: an int in [0, 2**63)."""
     try:
         value = int(text)
     except ValueError:
         value = None
-    if value is None or not 0 <= value < 2**63:
+    if value is None or not 0 <= value < 2**63:  # reference.engine.arguments.SEED_LIMIT (a torch import)
         raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {echo(text)}")
     return value
 
@@ -198,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=_seed, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_threads,
         default=None,
         help="torch intra-op threads (default: 1 on a CPU, where more swing the tiny presets' latencies; "
         "torch's own count on CUDA)",
@@ -319,24 +331,34 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
     given too). ``-cc VALUE`` is an alias argparse knows.
 
     Raises:
-        ConfigError: ``-O.FIELD`` without ``=VALUE``, or a whole config that is not a dict.
+        ConfigError: ``-O.FIELD`` without ``=VALUE``, or a whole config that is not a dict; a whole config
+            (``-O VALUE``, ``-O3``, ``-cc``, ``--compilation-config``) or one ``-O.FIELD`` given twice, where
+            all but the last would be dropped without a word.
     """
-    out, dotted, whole = [], {}, None
+    out, dotted, wholes = [], {}, []
     args = iter(argv)
     for arg in args:
         if arg.startswith(("-O.", "-cc.")):
             key, sep, text = arg.split(".", 1)[1].partition("=")
             if not sep or not key:
                 raise ConfigError(f"{arg.split('.')[0]}.FIELD=VALUE: expected e.g. -O.level=3, got {echo(arg)}")
+            if key in dotted:
+                raise ConfigError(f"-O.{key} given twice ({echo(arg)}); give each field once")
             dotted[key] = _field_value(text)
         elif arg.startswith("-O") and arg not in ("-O",) and arg[2:].lstrip("-").isdigit():
-            whole = arg[2:]
+            wholes.append(arg[2:])
         elif arg in ("-O", "-cc", "--compilation-config"):
-            whole = next(args, "")
+            wholes.append(next(args, ""))
         elif arg.startswith("--compilation-config="):
-            whole = arg.split("=", 1)[1]
+            wholes.append(arg.split("=", 1)[1])
         else:
             out.append(arg)
+    if len(wholes) > 1:
+        raise ConfigError(
+            f"--compilation-config given twice (as -O, -O<level>, -cc or --compilation-config: "
+            f"{', '.join(echo(w) for w in wholes)}); merge them into one dict, or set fields with -O.FIELD=VALUE"
+        )
+    whole = wholes[0] if wholes else None
     if dotted:
         fields = config_fields(whole) if whole is not None else {}
         whole = repr({**fields, **dotted})

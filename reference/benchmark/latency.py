@@ -56,8 +56,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     load_at_start = [round(x, 2) for x in os.getloadavg()]  # a busy machine moves every number
     vocab = registry.model_config(args.model).get_text_config().vocab_size
-    generator = torch.Generator().manual_seed(args.seed)
-    prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results: list[dict[str, Any]] = []
     reference_tokens = None  # the first mode's output, for the agreement column
@@ -68,6 +66,9 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         if owner is None:  # one rank's bytes under tensor parallelism: the ranks read their shards at once
             owner, weight_bytes, device = llm, weight_bytes_per_decode_step(llm.model), llm.device
             bandwidth = floor_bandwidth(device)
+            # drawn once the first LLM has checked that its KV cache fits --batch-size prompts
+            generator = torch.Generator().manual_seed(args.seed)
+            prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
         quiet = owner.tensor_parallel.rank != 0
         prompts = prompt_ids.tolist()
         calls = args.num_iters_warmup + args.num_iters

@@ -28,23 +28,38 @@ def parse_config_text(text: str) -> Any:
     """A config string as data: a bare digit is ``{'level': digit}``, else JSON, else a Python literal.
 
     Raises:
-        ConfigError: the text is none of these (``eval`` is never used).
+        ConfigError: the text is none of these (``eval`` is never used), or a dict in it gives one key
+            twice (both readers would keep the last value without a word).
     """
     text = text.strip()
     if re.fullmatch(r"-?[0-9]+", text):  # ASCII digits only: str.isdigit() also accepts '²' and '٣'
         return {"level": int(text)}
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_dict_of_distinct_keys)
     except (json.JSONDecodeError, RecursionError):
         pass
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     # TypeError: unhashable dict key or set item; RecursionError/MemoryError: absurdly deep nesting
     except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as err:
         raise ConfigError(
             f"compilation config: {echo(text)} is neither JSON, a Python literal nor a level digit "
             f"({type(err).__name__})"
         ) from None
+    for node in ast.walk(ast.parse(text, mode="eval")):  # literal_eval accepted it, so this parses too
+        if isinstance(node, ast.Dict):
+            _dict_of_distinct_keys([(ast.literal_eval(key), None) for key in node.keys])
+    return value
+
+
+def _dict_of_distinct_keys(pairs: list[tuple[Any, Any]]) -> dict:
+    """``dict(pairs)``, refusing a key given twice (json's ``object_pairs_hook``)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ConfigError(f"compilation config: key {echo(key)} given twice")
+        seen.add(key)
+    return dict(pairs)
 
 
 def config_fields(value: Mapping[str, Any] | str | int | None) -> dict[str, Any]:

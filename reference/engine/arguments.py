@@ -32,10 +32,18 @@ def check_positive(name: str, value: Any) -> None:
         raise ValueError(f"{name}: expected an int >= 1, got {echo(value)}")
 
 
+SEED_LIMIT = 2**63  # seeds are in [0, SEED_LIMIT): torch.Generator.manual_seed overflows at 2**64, and
+# negative seeds wrap around to large ones there, so the non-negative int64 range is what every seed takes
+
+
 def check_seed(seed: Any) -> None:
-    """``seed`` is an int >= 0 (not a bool): it seeds ``torch.Generator``s, which take no other value."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {echo(seed)}")
+    """``seed`` is an int in [0, 2**63) (not a bool): it seeds ``torch.Generator``s.
+
+    Raises:
+        ValueError: naming ``seed`` and the range.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed: expected an int in [0, 2**63), got {echo(seed)}")
 
 
 def resolve_device(device: "str | torch.device | None", name: str = "device") -> torch.device:

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from reference.config import ConfigError
 from reference.ops import Attention
 
 
@@ -24,7 +25,8 @@ def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_l
     that fits leaves the capture's and the activations' memory to the caller (and on a CPU, the weights).
 
     Raises:
-        ValueError: naming max_num_seqs and max_model_len, with the GiB needed and available.
+        ConfigError: (a ValueError) naming max_num_seqs and max_model_len, with the GiB needed and
+            available: a configuration no run can serve, which the CLI reports in one line.
     """
     if device.type == "cuda":  # free on the device, plus what torch's caching allocator holds unused
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -34,7 +36,7 @@ def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_l
     else:
         return
     if nbytes > available:
-        raise ValueError(
+        raise ConfigError(
             f"max_num_seqs x max_model_len ({max_num_seqs} x {max_model_len}): the KV cache and input buffers "
             f"need {nbytes / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB {where}; lower either"
         )

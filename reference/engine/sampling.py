@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from reference.engine.arguments import SEED_LIMIT
 from reference.ops.attention_metadata import int_lists_to_device
 
 # Below this temperature, logits / temperature overflows float32 for ordinary logit magnitudes.
@@ -89,8 +90,8 @@ class SamplingParams:
                 f"stop_token_ids: expected a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(self.stop_token_ids)
-        if self.seed is not None and not _is_int(self.seed):
-            raise SamplingError(f"seed: expected an int or None, got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
+            raise SamplingError(f"seed: expected an int in [0, 2**63) or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
