@@ -238,6 +238,8 @@ BAD_FLAGS = [
     pytest.param(
         ["--model", "no-such-model"], "argument --model: 'no-such-model' is neither a preset", id="unknown-model"
     ),
+    pytest.param(["--results-dir", ""], "argument --results-dir: empty; give a directory", id="empty-results-dir"),
+    pytest.param(["--output-json", ""], "argument --output-json: empty; give a file path", id="empty-output-json"),
     pytest.param(["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'", id="unknown-dtype"),
     pytest.param(
         ["--input-len", "1000", "--output-len", "100"],

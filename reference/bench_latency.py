@@ -72,6 +72,17 @@ def _threads(text: str) -> int:
     return value
 
 
+def _path(what: str) -> Callable[[str], Path]:
+    """A non-empty path (``Path('')`` is the working directory, which no one means by an empty value)."""
+
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty; give {what}")
+        return Path(text)
+
+    return parse
+
+
 def _seed(text: str) -> int:
     """A seed torch.manual_seed takes: an int in [0, 2**63)."""
     try:
@@ -179,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         "True; no_inductor_full / inductor_full = the same plus a full CUDA graph per decode batch size "
         "(cudagraph_mode full_and_piecewise). Each LLM gets max_num_seqs = --batch-size and max_model_len = "
         "--input-len + --output-len and max_num_batched_tokens = --batch-size x --input-len (the prefill); unless "
-        "--compilation-config sets them, capture sizes are 1, 2, 4, multiples of 8 up to --batch-size (decode), "
-        "then 8, 16, 24, 32, 48, 64, ... up to the prefill's tokens, at most 512.",
+        "--compilation-config sets them, capture sizes are 1, 2, 4, the multiples of 8 below --batch-size and "
+        "--batch-size itself (decode), then 8, 16, 24, 32, 48, 64, ... below the prefill's tokens and those tokens "
+        "themselves, at most 512.",
     )
     default = " (default: %(default)s)"
     parser.add_argument("--model", type=_model, default="llama-tiny", help="preset name or checkpoint dir" + default)
@@ -241,14 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="untimed calls per baseline; the first compiles hf-compile, the second records its CUDA graphs "
         "(default: %(default)s)",
     )
-    parser.add_argument("--output-json", type=Path, default=None, help="write the results JSON here")
+    parser.add_argument("--output-json", type=_path("a file path"), default=None, help="write the results JSON here")
     parser.add_argument(
         "--results-dir",
-        type=Path,
+        type=_path("a directory"),
         nargs="?",
         const=Path(DEFAULT_RESULTS_DIR),
         default=None,
-        help=f"write <model>-<date>.json and .md here (default when given without a value: {DEFAULT_RESULTS_DIR})",
+        help=f"write <model>-<date>-<time>.json and .md here (default without a value: {DEFAULT_RESULTS_DIR})",
     )
     return parser
 
