@@ -21,8 +21,6 @@ errors answer at once; torch, transformers and the models load after.
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import os
 import sys
 import tempfile
@@ -30,7 +28,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
-from reference.benchmark.cli import OneLineParser, usable_cpus
+from reference.benchmark.cli import (
+    OneLineParser,
+    non_empty_path,
+    non_negative_int,
+    positive_int,
+    seed,
+    thread_count,
+)
+from reference.benchmark.vllm_flags import expand_vllm_spellings
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.config.vllm_names import translate
 
@@ -44,56 +50,6 @@ PROG = CONSOLE_SCRIPT if Path(sys.argv[0]).name == CONSOLE_SCRIPT else "python -
 
 
 # ---------------------------------------------------------------------- command line
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {echo(text)}")
-        return value
-
-    return parse
-
-
-_positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
-
-
-def _threads(text: str) -> int:
-    """An intra-op thread count in [1, usable_cpus()]."""
-    cpus = usable_cpus()
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 1 <= value <= cpus:
-        raise argparse.ArgumentTypeError(f"expected an int in [1, {cpus}] (this machine's CPUs), got {echo(text)}")
-    return value
-
-
-def _path(what: str) -> Callable[[str], Path]:
-    """A non-empty path (``Path('')`` is the working directory, which no one means by an empty value)."""
-
-    def parse(text: str) -> Path:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"empty; give {what}")
-        return Path(text)
-
-    return parse
-
-
-def _seed(text: str) -> int:
-    """A seed torch.manual_seed takes: an int in [0, 2**63)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value < 2**63:  # reference.engine.arguments.SEED_LIMIT (a torch import)
-        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {echo(text)}")
-    return value
-
-
 def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse output paths that cannot be written before the run, not after its minutes of timing: a
     directory given as ``--output-json``, a file as ``--results-dir``, a place this process cannot write
@@ -196,13 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     default = " (default: %(default)s)"
     parser.add_argument("--model", type=_model, default="llama-tiny", help="preset name or checkpoint dir" + default)
-    parser.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per generate call" + default)
-    parser.add_argument("--input-len", type=_positive_int, default=32, help="prompt tokens" + default)
-    parser.add_argument("--output-len", type=_positive_int, default=128, help="generated tokens" + default)
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="prompts per generate call" + default)
+    parser.add_argument("--input-len", type=positive_int, default=32, help="prompt tokens" + default)
+    parser.add_argument("--output-len", type=positive_int, default=128, help="generated tokens" + default)
     parser.add_argument(
-        "--num-iters-warmup", type=_non_negative_int, default=10, help="untimed calls per mode" + default
+        "--num-iters-warmup", type=non_negative_int, default=10, help="untimed calls per mode" + default
     )
-    parser.add_argument("--num-iters", type=_positive_int, default=30, help="timed calls per mode" + default)
+    parser.add_argument("--num-iters", type=positive_int, default=30, help="timed calls per mode" + default)
     parser.add_argument(
         "--modes",
         type=_mode_names,
@@ -219,10 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--seed", type=_seed, default=0, help="seed of random weights and of the prompts" + default)
+    parser.add_argument("--seed", type=seed, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
         "--threads",
-        type=_threads,
+        type=thread_count,
         default=None,
         help="torch intra-op threads (default: 1 on a CPU, where more swing the tiny presets' latencies; "
         "torch's own count on CUDA)",
@@ -230,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="processes the model is sharded over (vLLM's flag); above 1, start one per device with "
         "torchrun --nproc-per-node N -m reference.bench_latency ...; rank 0 prints and writes" + default,
@@ -244,19 +200,21 @@ def build_parser() -> argparse.ArgumentParser:
         "partition + CUDA graph trees) in this engine, with the inductor mode's config",
     )
     parser.add_argument(
-        "--num-iters-baseline", type=_positive_int, default=None, help="timed calls per baseline (default: --num-iters)"
+        "--num-iters-baseline", type=positive_int, default=None, help="timed calls per baseline (default: --num-iters)"
     )
     parser.add_argument(
         "--num-iters-warmup-baseline",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=2,
         help="untimed calls per baseline; the first compiles hf-compile, the second records its CUDA graphs "
         "(default: %(default)s)",
     )
-    parser.add_argument("--output-json", type=_path("a file path"), default=None, help="write the results JSON here")
+    parser.add_argument(
+        "--output-json", type=non_empty_path("a file path"), default=None, help="write the results JSON here"
+    )
     parser.add_argument(
         "--results-dir",
-        type=_path("a directory"),
+        type=non_empty_path("a directory"),
         nargs="?",
         const=Path(DEFAULT_RESULTS_DIR),
         default=None,
@@ -322,59 +280,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.argv, args.prog = given, PROG
     return args
-
-
-def _field_value(text: str) -> Any:
-    """The value of ``-O.FIELD=VALUE``: JSON (``true``, ``[1, 2]``), else a Python literal, else the string
-    itself. A bare number is that number (not a level, as a whole config's bare digit is)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        return text
-
-
-def expand_vllm_spellings(argv: list[str]) -> list[str]:
-    """``argv`` with vLLM's shorthands spelled out: ``-O3`` -> ``--compilation-config 3``, and every
-    ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` merged into one ``--compilation-config`` (over a whole one
-    given too). ``-cc VALUE`` is an alias argparse knows.
-
-    Raises:
-        ConfigError: ``-O.FIELD`` without ``=VALUE``, or a whole config that is not a dict; a whole config
-            (``-O VALUE``, ``-O3``, ``-cc``, ``--compilation-config``) or one ``-O.FIELD`` given twice, where
-            all but the last would be dropped without a word.
-    """
-    out, dotted, wholes = [], {}, []
-    args = iter(argv)
-    for arg in args:
-        if arg.startswith(("-O.", "-cc.")):
-            key, sep, text = arg.split(".", 1)[1].partition("=")
-            if not sep or not key:
-                raise ConfigError(f"{arg.split('.')[0]}.FIELD=VALUE: expected e.g. -O.level=3, got {echo(arg)}")
-            if key in dotted:
-                raise ConfigError(f"-O.{key} given twice ({echo(arg)}); give each field once")
-            dotted[key] = _field_value(text)
-        elif arg.startswith("-O") and arg not in ("-O",) and arg[2:].lstrip("-").isdigit():
-            wholes.append(arg[2:])
-        elif arg in ("-O", "-cc", "--compilation-config"):
-            wholes.append(next(args, ""))
-        elif arg.startswith("--compilation-config="):
-            wholes.append(arg.split("=", 1)[1])
-        else:
-            out.append(arg)
-    if len(wholes) > 1:
-        raise ConfigError(
-            f"--compilation-config given twice (as -O, -O<level>, -cc or --compilation-config: "
-            f"{', '.join(echo(w) for w in wholes)}); merge them into one dict, or set fields with -O.FIELD=VALUE"
-        )
-    whole = wholes[0] if wholes else None
-    if dotted:
-        fields = config_fields(whole) if whole is not None else {}
-        whole = repr({**fields, **dotted})
-    return out + (["--compilation-config", whole] if whole is not None else [])
 
 
 def _defining_fields(mode: str) -> str:

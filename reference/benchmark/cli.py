@@ -1,10 +1,14 @@
 """What the command lines (``bench_latency``, ``report``, the perf suite's options) share: an argparse whose
-errors are one line, and the thread bound. Imports no torch (``--help`` must stay fast)."""
+errors are one line, and the value types of their flags. Imports no torch (``--help`` must stay fast)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+from typing import Callable
+
+from reference.config import echo
 
 
 def usable_cpus() -> int:
@@ -21,3 +25,55 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {echo(text)}")
+        return value
+
+    return parse
+
+
+positive_int, non_negative_int = int_at_least(1), int_at_least(0)
+
+
+def thread_count(text: str) -> int:
+    """argparse type: an intra-op thread count in [1, usable_cpus()]."""
+    cpus = usable_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"expected an int in [1, {cpus}] (this machine's CPUs), got {echo(text)}")
+    return value
+
+
+def non_empty_path(what: str) -> Callable[[str], Path]:
+    """argparse type: a non-empty path (``Path('')`` is the working directory, which no one means by an empty value)."""
+
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty; give {what}")
+        return Path(text)
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed torch.manual_seed takes: an int in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**63:  # reference.engine.arguments.SEED_LIMIT (a torch import)
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {echo(text)}")
+    return value
