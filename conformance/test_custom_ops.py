@@ -206,15 +206,22 @@ def test_gated_activations_custom_equal_native_and_transformers(dtype, layer_cls
     torch.testing.assert_close(native, ACT2FN[activation](x[:, :48]) * x[:, 48:])
 
 
+def _positions_and_strided_qk(hf, dtype, seed):
+    """positions [6] and q [6, Hq*D], k [6, Hkv*D] as strided column slices of one qkv tensor, the way the
+    model passes them."""
+    heads, kv_heads, d = hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, hf.max_position_embeddings, (6,), generator=gen)
+    qkv = torch.randn(6, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    return positions, q, k
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
 def test_rotary_custom_equals_native_and_transformers(dtype):
     hf = small_llama_config()
     heads, kv_heads, d = hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
-    gen = torch.Generator().manual_seed(2)
-    positions = torch.randint(0, hf.max_position_embeddings, (6,), generator=gen)
-    # q and k as strided column slices of one qkv tensor, the way the model passes them
-    qkv = torch.randn(6, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
-    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    positions, q, k = _positions_and_strided_qk(hf, dtype, seed=2)
     rotary = llama_rotary(hf, BOTH).to(dtype)
     (nq, nk), (cq, ck) = rotary.forward_native(positions, q, k), rotary.forward_custom(positions, q, k)
     torch.testing.assert_close(cq, nq, **EXACT)
@@ -233,11 +240,9 @@ def test_qk_norm_rope_custom_equals_native_and_transformers(dtype, offset):
     """One op for the per-head q/k norms and RoPE; native is the three layers it replaces."""
     hf = small_llama_config()
     heads, kv_heads, d = hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
-    gen = torch.Generator().manual_seed(4)
-    positions = torch.randint(0, hf.max_position_embeddings, (6,), generator=gen)
-    qkv = torch.randn(6, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
-    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    positions, q, k = _positions_and_strided_qk(hf, dtype, seed=4)
     norms = [RMSNorm(BOTH, d, eps=1e-6, weight_offset=offset) for _ in range(2)]
+    gen = torch.Generator().manual_seed(5)
     for norm in norms:
         with torch.no_grad():
             norm.weight.copy_(0.1 * torch.randn(d, generator=gen) + (1.0 - offset))
