@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import shlex
@@ -16,6 +15,8 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
+
+from reference.benchmark.cli import OneLineParser
 
 # The implementation under test, loaded from --impl by the root conftest.py.
 IMPLEMENTATION = pytest.StashKey[object]()
@@ -101,7 +102,7 @@ def side_by_side(reports: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.report", description=__doc__.splitlines()[-2])
+    parser = OneLineParser(prog="python -m conformance.report", description=__doc__.splitlines()[-2])
     parser.add_argument("reports", nargs="+", help="JSON files written by pytest conformance --conformance-report")
     args = parser.parse_args(argv)
     docs = []

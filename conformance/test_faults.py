@@ -9,10 +9,12 @@ unique ids, known kinds and devices, patches that enter and leave, expressions t
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from conformance.faults import FAULTS, KINDS
+from conformance.faults.__main__ import main as faults_main
 from conformance.faults.run import run_fault, selected_tests
 
 pytestmark = pytest.mark.requires("components")  # the catalogue plants its faults in the reference
@@ -52,3 +54,24 @@ def test_the_suite_catches(fault):
     jobs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # faults running at once share the cores
     test, note = run_fault(fault, "cpu", jobs)
     assert test, note
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--only", "no-such-fault"], r"--only: unknown fault\(s\) \['no-such-fault'\]; --list prints the ids"),
+        (["--jobs", "0"], "--jobs: must be at least 1, got 0"),
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    ],
+)
+def test_bad_arguments_are_one_line_with_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        faults_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_list_prints_each_fault_id_for_the_device(capsys):
+    assert faults_main(["--list", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.split() == [f.id for f in FAULTS if f.device == "cpu"]

@@ -67,7 +67,9 @@ def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path, text, why):
         [sys.executable, "-m", "conformance.report", str(bad)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith(f"{bad}: not a conformance report ({why})")
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m conformance.report: error: "), proc.stderr
+    assert f"{bad}: not a conformance report ({why})" in lines[0]
 
 
 def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tmp_path):

@@ -6,26 +6,30 @@ TESTS -x`` in a fresh process (conformance/faults/run.py) and prints one line, `
 TEST_ID`` or ``FAULT_ID KIND survived``, then ``N caught, M survived``. Exit status 1 if any fault survived.
 A fault whose tests select nothing, or whose run errors before any test fails, survives (the reason goes to
 stderr). ``--jobs`` faults run at once, on either device; a fault marked ``alone`` (its test measures the
-device's free memory) runs after them, by itself.
+device's free memory) runs after them, by itself. ``--list`` prints the device's fault ids and runs nothing.
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import itertools
 import sys
 
 from conformance.faults.catalogue import FAULTS
 from conformance.faults.run import run_fault
+from reference.benchmark.cli import OneLineParser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.faults", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m conformance.faults", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=2, help="faults run at once (default: %(default)s)")
     parser.add_argument("--only", default="", help="comma-separated fault ids (default: every fault for the device)")
+    parser.add_argument("--list", action="store_true", help="print the ids of the device's faults and exit")
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f.id for f in FAULTS if args.device == "cuda" or f.device == "cpu"))
+        return 0
     if args.jobs < 1:
         parser.error(f"--jobs: must be at least 1, got {args.jobs}")
     only = {f.strip() for f in args.only.split(",")} if args.only.strip() else set()
@@ -33,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: an empty fault id in {args.only!r}; give comma-separated ids")
     unknown = only - {f.id for f in FAULTS}
     if unknown:
-        parser.error(f"--only: unknown fault(s) {sorted(unknown)}")
+        parser.error(f"--only: unknown fault(s) {sorted(unknown)}; --list prints the ids")
     needs_cuda = sorted(f.id for f in FAULTS if f.id in only and f.device == "cuda" and args.device == "cpu")
     if needs_cuda:
         parser.error(f"--only: {needs_cuda} show only on a GPU; run them with --device cuda")
