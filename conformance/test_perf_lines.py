@@ -29,7 +29,9 @@ def test_a_run_cut_short_keeps_the_lines_of_the_benchmarks_it_finished(tmp_path)
         [sys.executable, "-m", "pytest", "-p", "perf.conftest", "-q", "-p", "no:cacheprovider",
          "--rootdir", str(tmp_path), str(tmp_path / "test_cut_short.py")],
         cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        # stdout is a pipe here, as under tox, `| tee` and CI logs: without PYTHONUNBUFFERED, Python buffers it,
+        # and a line not flushed when its test ends dies with the process
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert run.returncode == 3, run.stdout + run.stderr
     assert "test_a_benchmark: 1.250 ms, 6,400 tokens/s" in run.stdout, run.stdout

@@ -319,6 +319,7 @@ class _LinePrinter:
             terminal.write("\n")
         for line in lines[self.printed :]:
             terminal.write_line(line)
+        terminal.flush()  # a piped stdout is block-buffered: a run killed later must still have printed these
         self.printed = len(lines)
 
 
