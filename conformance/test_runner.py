@@ -135,17 +135,17 @@ def test_a_decode_step_fed_a_device_tensor_equals_the_step_fed_host_lists(mode, 
 
 BAD_TOKEN_TENSORS = [
     pytest.param(
-        torch.tensor([1, 2]), r"a token tensor must be \[3\] \(one per sequence\) int64 on cpu, got \[2\]", id="too_few"
+        torch.tensor([1, 2]), r": a token tensor must be \[3\] \(one per sequence\) int64 on cpu, got \[2\]", id="too_few"
     ),
-    pytest.param(torch.tensor([[1, 2, 3]]), r"a token tensor .* got \[1, 3\] int64", id="two_dims"),
-    pytest.param(torch.tensor([1, 2, 3], dtype=torch.int32), r"a token tensor .* got \[3\] int32", id="int32"),
-    pytest.param(torch.tensor([1.0, 2.0, 3.0]), r"a token tensor .* got \[3\] float32", id="float"),
+    pytest.param(torch.tensor([[1, 2, 3]]), r": a token tensor .* got \[1, 3\] int64", id="two_dims"),
+    pytest.param(torch.tensor([1, 2, 3], dtype=torch.int32), r": a token tensor .* got \[3\] int32", id="int32"),
+    pytest.param(torch.tensor([1.0, 2.0, 3.0]), r": a token tensor .* got \[3\] float32", id="float"),
     pytest.param(
         torch.tensor([1, HF.vocab_size, 3]),
-        rf"expected ids in 0\.\.{HF.vocab_size - 1}, got 1\.\.{HF.vocab_size}",
+        rf"\[1\]: token id {HF.vocab_size} is outside the vocabulary, expected an int in 0\.\.{HF.vocab_size - 1}$",
         id="past_vocab",
     ),
-    pytest.param(torch.tensor([1, -1, 3]), r"expected ids in 0\.\..*, got -1\.\.3", id="negative"),
+    pytest.param(torch.tensor([1, 2, -1]), r"\[2\]: token id -1 is outside the vocabulary", id="negative"),
 ]
 
 
@@ -158,7 +158,7 @@ def test_a_bad_token_tensor_is_refused_naming_new_tokens_and_leaves_the_runner_u
     rows, context = [0, 1, 2], [1, 1, 1]
     runner.step([[5], [6], [7]], [0, 0, 0], rows)
     expected = runner.step(torch.tensor([8, 9, 10]), context, rows)  # padded to 4
-    with pytest.raises(ValueError, match=rf"^new_tokens: {message}"):
+    with pytest.raises(ValueError, match=rf"^new_tokens{message}"):
         runner.step(tokens, context, rows)
     torch.testing.assert_close(runner.step(torch.tensor([8, 9, 10]), context, rows), expected, rtol=0, atol=0)
 
@@ -200,8 +200,19 @@ BAD_STEPS = [
         [[HF.vocab_size]],
         [0],
         [0],
-        rf"token ids: expected ints in 0\.\.{HF.vocab_size - 1}",
+        rf"^new_tokens\[0\]\[0\]: token id {HF.vocab_size} is outside the vocabulary, expected an int in 0\.\.{HF.vocab_size - 1}$",
         id="token_id_past_vocab",
+    ),
+    # the offending id and where it is, not the largest id of the step (5 here is valid)
+    pytest.param(
+        [[-2, 5]], [0], [0], r"^new_tokens\[0\]\[0\]: token id -2 is outside the vocabulary", id="negative_token_id"
+    ),
+    pytest.param(
+        [[1], [2, 3, HF.vocab_size + 7]],
+        [0, 0],
+        [0, 1],
+        rf"^new_tokens\[1\]\[2\]: token id {HF.vocab_size + 7} is outside",
+        id="token_id_past_vocab_in_the_second_sequence",
     ),
 ]
 

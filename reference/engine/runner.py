@@ -272,7 +272,9 @@ class ModelRunner:
             )
         if not on_device and (min(ids) < 0 or max(ids) >= self.vocab_size):
             # checked here: the embedding would index out of range (a device-side assert on CUDA)
-            raise ValueError(f"token ids: expected ints in 0..{self.vocab_size - 1}, got {sorted(set(ids))[-1]}")
+            vocab = range(self.vocab_size)
+            i, j = next((i, j) for i, seq in enumerate(new_tokens) for j, t in enumerate(seq) if t not in vocab)
+            raise ValueError(self._outside_message(f"new_tokens[{i}][{j}]", new_tokens[i][j]))
         if len(set(rows)) != len(rows) or not all(0 <= r < self.max_num_seqs for r in rows):
             # checked here: a bad row would index past the KV cache (a device-side assert on CUDA)
             raise ValueError(
@@ -326,9 +328,12 @@ class ModelRunner:
         if tokens.device.type == "cpu" and len(tokens) and not (0 <= tokens.min() and tokens.max() < self.vocab_size):
             # checked where it costs no wait: the embedding would fail, and the id would stay in the
             # input buffer as the padding of later steps
-            raise ValueError(
-                f"new_tokens: expected ids in 0..{self.vocab_size - 1}, got {int(tokens.min())}..{int(tokens.max())}"
-            )
+            i = int(((tokens < 0) | (tokens >= self.vocab_size)).nonzero()[0])
+            raise ValueError(self._outside_message(f"new_tokens[{i}]", int(tokens[i])))
+
+    def _outside_message(self, where: str, token: int) -> str:
+        """The one-line refusal of ``token`` (at ``where``), naming it and the vocabulary's range."""
+        return f"{where}: token id {token} is outside the vocabulary, expected an int in 0..{self.vocab_size - 1}"
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
         """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the
