@@ -18,6 +18,9 @@ these attributes:
   with the reason) for a config it cannot honour;
 * ``activate()``: a context manager entered around every test (``contextlib.nullcontext()`` will do;
   the fault catalogue plants its faults there);
+* ``replay_probe()`` if it declares the ``replays`` capability: a context manager that yields a
+  :class:`~reference.compilation.replays.ReplayTally` and fills it, when the block exits, with what the
+  block's graph-able calls did (replays, recordings, runs without a graph, recompiles, skips);
 * optionally ``findings``: ``{rule: reason}``, rules (``module.py::test_name``) the implementation is known
   to break; they run as strict xfails with that reason, so a fix shows up as an unexpected pass.
 """
@@ -30,6 +33,7 @@ from typing import Callable, ContextManager, Protocol
 from torch import nn
 
 from reference.compilation import compile_model
+from reference.compilation.replays import ReplayTally, reference_replays
 from reference.config import CompilationConfig
 from reference.engine import ModelRunner
 from reference.peers import Unsupported as Unsupported  # compile raises it for a config it does not implement
@@ -42,6 +46,13 @@ CAPABILITIES = {
     "trace_once": "traces once for every token count (levels 2-3) and refuses what that cannot serve",
     "tensor_parallel": "builds reference.parallel shards and runs them in torchrun processes (the suite launches "
     "conformance/tensor_parallel_worker.py, which loads the implementation by its --impl name)",
+    "stale_output_checks": "with debug_cudagraph_outputs=True, reading a graph output after the model's next call "
+    "replayed over it raises RuntimeError naming the graph and size that produced it",
+    "splits_dynamo_graphs": "splits Dynamo's torch-level graph, which never holds an ATen or prims op, so it refuses "
+    "such names as splitting ops (an implementation that partitions the ATen graph after AOT Autograd, as "
+    "Inductor's graph partition does, may cut there)",
+    "replays": "replay_probe() accounts for every graph-able call: replayed, recorded, run without a graph, "
+    "recompiled or skipped (reference.compilation.replays.ReplayTally)",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too",
 }
 
@@ -66,6 +77,9 @@ class ReferenceImplementation:
 
     def activate(self) -> ContextManager:
         return contextlib.nullcontext()
+
+    def replay_probe(self) -> ContextManager[ReplayTally]:
+        return reference_replays()
 
 
 def make_runner(impl: Implementation, model: nn.Module, config: CompilationConfig, **sizes) -> ModelRunner:

@@ -307,6 +307,7 @@ def test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled(impl
         impl.compile(SillyModel(), config)
 
 
+@pytest.mark.requires("splits_dynamo_graphs")
 @pytest.mark.inductor
 @pytest.mark.parametrize("name", ["aten::mm", "prims::add"])
 def test_an_aten_splitting_op_is_refused_since_dynamo_graphs_never_hold_one(impl, name):

@@ -17,12 +17,14 @@ import torch
 from torch import nn
 
 from reference.config import CompilationConfig
+from reference.compilation.replays import ReplayTally
 from reference.peers import compile_torch_native
+from reference.peers.torch_native import graph_tree_replays
 
 
 class TorchNativeImplementation:
     name = "torch-native"
-    capabilities = frozenset({"levels"})
+    capabilities = frozenset({"levels", "replays"})
     # What the suite found torch to break (README, "torch-native"): strict xfails.
     findings = {
         "test_structure.py::test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled": (
@@ -35,3 +37,6 @@ class TorchNativeImplementation:
 
     def activate(self) -> ContextManager:
         return contextlib.nullcontext()
+
+    def replay_probe(self) -> ContextManager[ReplayTally]:
+        return graph_tree_replays()

@@ -48,6 +48,7 @@ class _Segments:
     steps: list  # torch.cuda.CUDAGraph or _EagerCall, in execution order
     output: Any  # non-owning views of the model's output
     input_addresses: list[int | None]
+    num_graphs: int  # the CUDA graphs among steps
 
 
 def _call_writing_into_buffers(func, args, kwargs):
@@ -91,6 +92,8 @@ class BreakableCUDAGraphs:
         capture_sizes: token counts to capture; other sizes run the model directly.
         num_warmups: plain runs at a size before capturing it.
         debug_addresses: on every replay check that the inputs live where they did at capture.
+        stale_outputs: the model's :class:`~reference.compilation.stale_outputs.StaleOutputGuard` with
+            ``debug_cudagraph_outputs``, else None.
 
     Raises (at the first call, on any device, as the piecewise backend refuses such configs when it
     compiles; and at capture):
@@ -106,11 +109,13 @@ class BreakableCUDAGraphs:
         capture_sizes: tuple[int, ...],
         num_warmups: int,
         debug_addresses: bool,
+        stale_outputs=None,
     ):
         self.model = model
         self.splitting_ops = splitting_ops
         self.capture_sizes = frozenset(capture_sizes)
         self.debug_addresses = debug_addresses
+        self.stale_outputs = stale_outputs
         self.captured: dict[int, _Segments] = {}
         self.warm_ups = WarmUpCount(num_warmups)
         self._checked = False
@@ -129,10 +134,14 @@ class BreakableCUDAGraphs:
                 check_addresses(f"the breakable segments at size {size}", segments.input_addresses, args)
             for step in segments.steps:
                 step.replay() if isinstance(step, torch.cuda.CUDAGraph) else step()
+            compilation_counter.num_cudagraph_replays += segments.num_graphs
+            if self.stale_outputs is not None:
+                return self.stale_outputs.hand_out(segments.output, f"the breakable segments at size {size}")
             return segments.output
-        if size not in self.capture_sizes or not args[0].is_cuda or in_full_graph():
+        if not args[0].is_cuda or in_full_graph():  # no graphs here, or a full graph records the kernels
             return self.model(*args)
-        if not self.warm_ups.capture_due(size):
+        if size not in self.capture_sizes or not self.warm_ups.capture_due(size):
+            compilation_counter.num_cudagraph_eager_runs += 1
             return self.model(*args)
         return self._capture(size, args)
 
@@ -180,6 +189,7 @@ class BreakableCUDAGraphs:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self.captured[size] = _Segments(steps, tree_map(non_owning, output), addresses_of(args))
-        compilation_counter.num_cudagraph_captured += sum(isinstance(step, torch.cuda.CUDAGraph) for step in steps)
+        num_graphs = sum(isinstance(step, torch.cuda.CUDAGraph) for step in steps)
+        self.captured[size] = _Segments(steps, tree_map(non_owning, output), addresses_of(args), num_graphs)
+        compilation_counter.num_cudagraph_captured += num_graphs
         return output

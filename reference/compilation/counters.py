@@ -26,7 +26,11 @@ class CompilationCounter:
         num_cudagraph_captured: piecewise CUDA graphs captured (one per capturable piece and capture size;
             for breakable graphs one per segment and capture size).
         num_full_cudagraph_captured: full CUDA graphs captured (one per decode batch descriptor).
+        num_cudagraph_replays: piecewise CUDA graphs replayed (a piece's graph, a breakable segment).
         num_full_cudagraph_replays: steps that replayed a full CUDA graph.
+        num_cudagraph_eager_runs: calls of a CUDA-graph wrapper on CUDA that ran its code without a graph
+            (warm-up runs, sizes or batch descriptors not captured); together with the two replay counts
+            and the captures this accounts for every such call (reference.compilation.replays).
     """
 
     num_graphs_seen: int = 0
@@ -37,7 +41,9 @@ class CompilationCounter:
     num_eager_compiles: int = 0
     num_cudagraph_captured: int = 0
     num_full_cudagraph_captured: int = 0
+    num_cudagraph_replays: int = 0
     num_full_cudagraph_replays: int = 0
+    num_cudagraph_eager_runs: int = 0
 
     def snapshot(self) -> "CompilationCounter":
         return dataclasses.replace(self)

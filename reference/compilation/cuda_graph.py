@@ -152,6 +152,9 @@ class CUDAGraphPiece:
         pool: memory pool shared by every piece and size of the model (``torch.cuda.graph_pool_handle()``).
         stream: side stream to capture on (capture is not allowed on the legacy default stream).
         debug_addresses: check input addresses on every replay.
+        stale_outputs: with ``debug_cudagraph_outputs``, the model's
+            :class:`~reference.compilation.stale_outputs.StaleOutputGuard`, which hands out each replay's
+            outputs; else None.
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class CUDAGraphPiece:
         pool,
         stream: "torch.cuda.Stream",
         debug_addresses: bool,
+        stale_outputs=None,
     ):
         self.name = name
         self.runnable = runnable
@@ -172,6 +176,8 @@ class CUDAGraphPiece:
         self.pool = pool
         self.stream = stream
         self.debug_addresses = debug_addresses
+        self.stale_outputs = stale_outputs
+        self.debug = debug_addresses or stale_outputs is not None
         self.captured: dict[int | None, CapturedGraph] = {}
         self.warm_ups = WarmUpCount(num_warmups)
 
@@ -182,13 +188,16 @@ class CUDAGraphPiece:
         size = args[self.size_args[0]] if self.size_args else None
         captured = self.captured.get(size)
         if captured is not None and (len(self.size_args) < 2 or self._sizes_agree(args, size)):
-            if self.debug_addresses:
-                self._check_addresses(captured, size, args)
+            if self.debug:
+                return self._debug_replay(captured, size, args)
             captured.graph.replay()
+            compilation_counter.num_cudagraph_replays += 1
             return captured.output
         if (self.size_args and size not in self.capture_sizes) or not self._sizes_agree(args, size):
+            compilation_counter.num_cudagraph_eager_runs += 1
             return self.runnable(*args)
         if not self.warm_ups.capture_due(size):
+            compilation_counter.num_cudagraph_eager_runs += 1
             return self.runnable(*args)
         return self._capture(size, args)
 
@@ -201,6 +210,16 @@ class CUDAGraphPiece:
         self.captured[size] = CapturedGraph(graph, tree_map(non_owning, output), addresses_of(args))
         compilation_counter.num_cudagraph_captured += 1
         return output
+
+    def _debug_replay(self, captured: CapturedGraph, size, args) -> Any:
+        """The replay with ``debug_cudagraph_addresses`` and / or ``debug_cudagraph_outputs`` on."""
+        if self.debug_addresses:
+            self._check_addresses(captured, size, args)
+        captured.graph.replay()
+        compilation_counter.num_cudagraph_replays += 1
+        if self.stale_outputs is None:
+            return captured.output
+        return self.stale_outputs.hand_out(captured.output, f"piece {self.name} at size {size}")
 
     def _check_addresses(self, captured: CapturedGraph, size, args) -> None:
         check_addresses(f"piece {self.name} at size {size}", captured.input_addresses, args)

@@ -41,14 +41,17 @@ class FullCUDAGraphs:
         forward: the model's forward (the split module, a whole compiled graph, or the eager model).
         num_warmups: plain runs of a descriptor before it is captured (lazy initialisation, Triton JIT).
         debug_addresses: on every replay check that the inputs live where they did at capture.
+        stale_outputs: the model's :class:`~reference.compilation.stale_outputs.StaleOutputGuard` with
+            ``debug_cudagraph_outputs``, else None.
 
     Outside a runner step, or when the step's ``cudagraph_runtime_mode`` is not ``'FULL'``, or on a CPU, it
     calls ``forward`` unchanged.
     """
 
-    def __init__(self, forward: Callable, num_warmups: int, debug_addresses: bool):
+    def __init__(self, forward: Callable, num_warmups: int, debug_addresses: bool, stale_outputs=None):
         self.forward = forward
         self.debug_addresses = debug_addresses
+        self.stale_outputs = stale_outputs
         self.captured: dict[BatchDescriptor, CapturedGraph] = {}
         self.warm_ups = WarmUpCount(num_warmups)
         self._pool = None
@@ -65,9 +68,12 @@ class FullCUDAGraphs:
                 check_addresses(f"the full graph for {key}", captured.input_addresses, args)
             captured.graph.replay()
             compilation_counter.num_full_cudagraph_replays += 1
+            if self.stale_outputs is not None:
+                return self.stale_outputs.hand_out(captured.output, f"the full graph at size {key.num_tokens}")
             return captured.output
         with inside_full_graph():
             if not self.warm_ups.capture_due(key):
+                compilation_counter.num_cudagraph_eager_runs += 1
                 return self.forward(*args)
             return self._capture(key, args)
 

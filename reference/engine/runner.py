@@ -148,7 +148,11 @@ class ModelRunner:
         else:
             self.compiled = compile_fn(model, config)
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
-        buffer_len = max(self.max_num_tokens, 2)  # the tracing call runs with >= 2 tokens
+        # The tracing call runs with >= 2 tokens. One slot more than any step takes, so no step's inputs are
+        # a view as long as its whole buffer: Dynamo gives equal sizes one symbol (duck sizing), and an
+        # implementation that keeps Dynamo's guards (torch-native) would otherwise guard the view's size
+        # against its base's and recompile at the first shorter step.
+        buffer_len = max(self.max_num_tokens, 2) + 1
         layers = list(self.attention_layers.values())
         cache_bytes = kv_cache_bytes(layers, max_num_seqs, max_model_len, self.dtype)
         check_fits(cache_bytes + 2 * buffer_len * 8, self.device, max_num_seqs, max_model_len)  # + int64 inputs

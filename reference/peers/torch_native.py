@@ -24,11 +24,13 @@ each size they see.
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
+from reference.compilation.replays import ReplayTally, dynamo_graphs
 from reference.config import CompilationConfig
 
 
@@ -69,3 +71,54 @@ def compile_torch_native(model: nn.Module, config: CompilationConfig) -> Callabl
         "triton.cudagraphs": config.piecewise_graphs,
     }
     return torch.compile(model, fullgraph=True, dynamic=True, options=options)
+
+
+# CUDAGraphTreeManager methods where a call of a cudagraphified function replays or records, and the tally
+# field each fills
+_GRAPH_TREE_OUTCOMES = {"execute_node": "replays", "record_function": "recorded"}
+
+
+@contextlib.contextmanager
+def graph_tree_replays() -> Iterator[ReplayTally]:
+    """A :class:`~reference.compilation.replays.ReplayTally` of what CUDA graph trees did inside the block.
+
+    Every call of a cudagraphified partition enters ``CUDAGraphTreeManager._run`` once (a call may recurse
+    into it, counted once) and ends in ``execute_node`` (a replay), ``record_function`` (a new recording),
+    or else without a graph: ``run_eager`` (a warm-up run) or the un-graphed function itself (input
+    mutation, the re-record limit), together the calls left over, ``eager_runs``. ``skipped`` is the change of
+    Inductor's ``cudagraph_skips`` counter, ``recompiles`` of Dynamo's graph count. The manager's methods
+    are wrapped for the block only: outside it graph trees run untouched.
+    """
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    tally, calls, depth = ReplayTally(), [0], [0]
+    originals = {name: getattr(CUDAGraphTreeManager, name) for name in ("_run", *_GRAPH_TREE_OUTCOMES)}
+
+    def outer_run(self, *args, **kwargs):
+        calls[0] += depth[0] == 0
+        depth[0] += 1
+        try:
+            return originals["_run"](self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    def counting(name: str) -> Callable:
+        def wrapper(self, *args, **kwargs):
+            setattr(tally, _GRAPH_TREE_OUTCOMES[name], getattr(tally, _GRAPH_TREE_OUTCOMES[name]) + 1)
+            return originals[name](self, *args, **kwargs)
+
+        return wrapper
+
+    skips, traced = counters["inductor"]["cudagraph_skips"], dynamo_graphs()
+    CUDAGraphTreeManager._run = outer_run
+    for name in _GRAPH_TREE_OUTCOMES:
+        setattr(CUDAGraphTreeManager, name, counting(name))
+    try:
+        yield tally
+    finally:
+        for name, original in originals.items():
+            setattr(CUDAGraphTreeManager, name, original)
+        tally.eager_runs = calls[0] - tally.replays - tally.recorded
+        tally.skipped = counters["inductor"]["cudagraph_skips"] - skips
+        tally.recompiles = dynamo_graphs() - traced
