@@ -113,6 +113,11 @@ class PiecewiseBackend:
     table until ``torch._dynamo.reset()``, so the compiled pieces, CUDA graphs and their memory pool
     live only in the module returned to Dynamo (freed with the compiled model that owns it).
 
+    Args:
+        config: the compilation settings.
+        stale_outputs: the compiled model's :class:`~reference.compilation.stale_outputs.StaleOutputGuard`
+            with ``debug_cudagraph_outputs``, handed to every piece; else None.
+
     Attributes (set by the first compilation):
         pieces: the pieces of the graph in execution order (their FX modules, before compilation).
 
@@ -124,13 +129,14 @@ class PiecewiseBackend:
             Dynamo wraps them; ``CompiledModel`` unwraps them.
     """
 
-    def __init__(self, config: CompilationConfig):
+    def __init__(self, config: CompilationConfig, stale_outputs=None):
         if config.level == 0:
             raise ConfigError("level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3")
         if config.level == 3 and config.splitting_ops:
             # checked here, not at trace time, where Dynamo would wrap the ConfigError in BackendCompilerFailed
             check_splitting_ops_exist(config.splitting_ops)
         self.config = config
+        self.stale_outputs = stale_outputs
         self.pieces: list[Piece] = []
         self._traced = False
 
@@ -180,6 +186,7 @@ class PiecewiseBackend:
                     pool=graph_pool,
                     stream=capture_stream,
                     debug_addresses=self.config.debug_cudagraph_addresses,
+                    stale_outputs=self.stale_outputs,
                 )
             # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
             split.__dict__[piece.name] = runnable

@@ -28,6 +28,7 @@ from torch import nn
 from reference.compilation.backend import PiecewiseBackend, check_splitting_ops_exist
 from reference.compilation.breakable import BreakableCUDAGraphs
 from reference.compilation.full_graph import FullCUDAGraphs
+from reference.compilation.stale_outputs import StaleOutputGuard
 from reference.config import CompilationConfig, ConfigError
 
 
@@ -45,6 +46,14 @@ def _own_forward(model: nn.Module) -> Callable:
     clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     clone.__kwdefaults__, clone.__qualname__ = fn.__kwdefaults__, fn.__qualname__
     return types.MethodType(clone, model)
+
+
+def _counting_calls(forward: Callable, guard: StaleOutputGuard) -> Callable:
+    def call(*args):
+        guard.begin_call()
+        return forward(*args)
+
+    return call
 
 
 def _signature(args) -> list:
@@ -71,7 +80,8 @@ class CompiledModel:
         self.model = model
         self.config = config
         self.check_inputs = check_inputs
-        self.backend = PiecewiseBackend(config) if config.level > 0 else None
+        guard = StaleOutputGuard() if config.debug_cudagraph_outputs else None
+        self.backend = PiecewiseBackend(config, guard) if config.level > 0 else None
         self.breakable: BreakableCUDAGraphs | None = None
         self._signature = None
         self._called = False
@@ -84,6 +94,7 @@ class CompiledModel:
                 config.cudagraph_capture_sizes,
                 config.cudagraph_num_of_warmups,
                 config.debug_cudagraph_addresses,
+                guard,
             )
             self._forward: Callable = self.breakable
         elif config.level == 0:
@@ -101,9 +112,11 @@ class CompiledModel:
         self.full_graphs: FullCUDAGraphs | None = None
         if config.full_graphs:
             self.full_graphs = FullCUDAGraphs(
-                self._forward, config.cudagraph_num_of_warmups, config.debug_cudagraph_addresses
+                self._forward, config.cudagraph_num_of_warmups, config.debug_cudagraph_addresses, guard
             )
             self._forward = self.full_graphs
+        if guard is not None:  # each call of the model is a new call to the guard; nothing to do when off
+            self._forward = _counting_calls(self._forward, guard)
 
     @property
     def awaits_trace(self) -> bool:

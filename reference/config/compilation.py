@@ -111,6 +111,10 @@ class CompilationConfig:
     * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
+    * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
+      replays over it) raises on any access once a later call has replayed, naming the piece (or
+      segments, or full graph) and the size that produced it (:mod:`reference.compilation.stale_outputs`;
+      torch's graph trees do the same). Costs fresh views per replay; off, nothing runs.
 
     Raises:
         ConfigError: a field has the wrong type or value, or two fields contradict each other.
@@ -126,6 +130,7 @@ class CompilationConfig:
     cudagraph_num_of_warmups: int = 1
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
     debug_cudagraph_addresses: bool = False
+    debug_cudagraph_outputs: bool = False
     # The dependent fields the caller set explicitly (not a constructor argument).
     _explicit: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -137,6 +142,7 @@ class CompilationConfig:
         check_choice("level", self.level, tuple(LEVELS))
         check_type("use_inductor", self.use_inductor, bool)
         check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
+        check_type("debug_cudagraph_outputs", self.debug_cudagraph_outputs, bool)
         set_(self, "custom_ops", string_tuple("custom_ops", self.custom_ops))
         _validate_custom_ops(self.custom_ops)
         if self.splitting_ops is not None:
