@@ -14,11 +14,14 @@ from torch.utils._pytree import tree_map
 from conformance.faults.fault import Fault, patches
 from reference.compilation import backend, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
+from reference.compilation.stale_outputs import StaleOutputGuard
 from reference.engine.runner import ModelRunner
+from reference.forward_context import BatchDescriptor
 
 _real_capture = CUDAGraphPiece._capture
 _real_call = CUDAGraphPiece.__call__
 _real_run = ModelRunner._run
+_real_dispatch = ModelRunner.dispatch
 
 
 def _outputs_dropped_at_capture(self, size, args):
@@ -42,6 +45,12 @@ def _on_the_capture_stream(self, *args):
     stream nor is waited for."""
     with torch.cuda.stream(self.stream):
         return _real_call(self, *args)
+
+
+def _dispatched_unpadded(self, num_tokens, uniform_decode):
+    """The step goes to graphs at its own token count, not at the capture size it is padded to."""
+    dispatch = _real_dispatch(self, num_tokens, uniform_decode)
+    return dispatch.__class__(num_tokens, dispatch.runtime_mode, BatchDescriptor(num_tokens, uniform_decode))
 
 
 FAULTS = [
@@ -113,6 +122,25 @@ FAULTS = [
         "config being refused, so every replay reads the lengths and cache slots of the step it was captured with",
         plant=patches(mock.patch.object(backend, "_check_no_unsafe_op_captured", lambda piece: None)),
         tests="test_attention_left_inside_a_captured_piece_is_refused_or_runs_like_eager and cuda",
+        device="cuda",
+    ),
+    Fault(
+        id="steps-dispatched-unpadded",
+        kind="runner",
+        description="the dispatcher keeps a step's own token count instead of the capture size it pads to, so a "
+        "step of 3 tokens runs its pieces without a graph, or captures a new full graph while serving; the "
+        "logits stay right, only the replay accounting shows it",
+        plant=patches(mock.patch.object(ModelRunner, "dispatch", _dispatched_unpadded)),
+        tests="test_warmed_up_steps_replay_graphs and cuda",
+        device="cuda",
+    ),
+    Fault(
+        id="stale-outputs-not-poisoned",
+        kind="capture",
+        description="debug_cudagraph_outputs hands out fresh views but never poisons those of earlier calls, so a "
+        "read of an output that a later replay overwrote returns the later step's values without a word",
+        plant=patches(mock.patch.object(StaleOutputGuard, "_poison_earlier_calls", lambda self: None)),
+        tests="test_reading_an_output_a_later_call_replayed_over_raises",
         device="cuda",
     ),
 ]
