@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import shlex
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.machine import benchmark_threads
 from reference.benchmark.machine import machine_info as reference_machine_info
 from reference.compilation.counters import CompilationCounter, compilation_counter
+from reference.compilation.replays import ReplayTally, dynamo_graphs, reference_replays
 from reference.config import MODES, CompilationConfig
 from reference.engine import ModelRunner
 from reference.engine.arguments import DTYPES, engine_config, resolve_device
@@ -28,6 +30,7 @@ from reference.models import registry
 from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import Attention, CustomOpSelection
 from reference.peers import compile_torch_native
+from reference.peers.torch_native import graph_tree_replays
 
 # The registry's tiny random Llama (2 layers, H=64, vocab 256) with the real KV-cache attention.
 DEFAULT_MODEL = "llama-tiny"
@@ -182,6 +185,9 @@ class PerfRun:
         vocab_size: logits width.
         weight_bytes: bytes of weights read per decode step.
         counters: the compilation counters right after warm-up; a step that re-traces or captures changes them.
+        dynamo_graphs: graphs Dynamo had traced right after warm-up (any implementation's recompile adds one).
+        replay_probe: the implementation's account of what its graph-able calls did in a block
+            (reference.compilation.replays): a benchmark's steps must replay, nothing else.
         startup: compile_s, capture_s (s), graph_gib (GiB), capture_sizes; handed to the first test that
             asks (:meth:`take_startup`), so each mode's start-up cost is reported once.
     """
@@ -191,6 +197,8 @@ class PerfRun:
     vocab_size: int
     weight_bytes: int
     counters: CompilationCounter
+    dynamo_graphs: int
+    replay_probe: Callable[[], ContextManager[ReplayTally]]
     startup: dict | None
 
     def take_startup(self) -> dict:
@@ -219,15 +227,16 @@ def base_model(perf_settings) -> torch.nn.Module:
     return model
 
 
-# torch's own piecewise path (reference.peers) in the same runner, with the inductor mode's config
-PEERS = {"torch-native": (TORCH_NATIVE_MODE, compile_torch_native)}
+# torch's own piecewise path (reference.peers) in the same runner, with the inductor mode's config:
+# (the mode whose config it runs, its compile function, its replay probe)
+PEERS = {"torch-native": (TORCH_NATIVE_MODE, compile_torch_native, graph_tree_replays)}
 
 
 @pytest.fixture(scope="session", params=[*MODES, *PEERS])
 def perf_run(request, perf_settings, base_model):
     """One :class:`PerfRun` per mode and peer, alive while its tests run (pytest groups tests by it)."""
     mode, s = request.param, perf_settings
-    config_mode, compile_fn = PEERS.get(mode, (mode, None))
+    config_mode, compile_fn, replay_probe = PEERS.get(mode, (mode, None, reference_replays))
     config = mode_config_for(config_mode, s.batch_size, s.input_len)
     torch._dynamo.reset()  # nothing compiled for another mode may be reused
     model = registry.build_model(
@@ -248,6 +257,8 @@ def perf_run(request, perf_settings, base_model):
         model.config.vocab_size,
         weight_bytes_per_decode_step(model),
         compilation_counter.snapshot(),
+        dynamo_graphs(),
+        replay_probe,
         startup={
             "compile_s": stats.compile_s,
             "capture_s": stats.capture_s,
@@ -290,9 +301,12 @@ def perf_report(pytestconfig):
 def _describe(name: str, median: float | None, info: dict) -> str:
     """One line: the median (ms) next to its derived figures (tokens/s, floor, start-up costs)."""
     if median is None:
-        return f"{name}: not timed (benchmarks disabled)"
+        problems = info.get("replay_problems")
+        return f"{name}: not timed (benchmarks disabled)" + (f", GRAPHS DID NOT REPLAY ({'; '.join(problems)})" if problems else "")
     per_step = f" per step (rounds of {info['steps_per_round']})" if info.get("steps_per_round", 1) > 1 else ""
     parts = [f"{name}: {median * 1e3:.3f} ms{per_step}", f"{info['tokens_per_s']:,.0f} tokens/s"]
+    if info.get("replay_problems"):
+        parts.insert(1, f"GRAPHS DID NOT REPLAY ({'; '.join(info['replay_problems'])})")
     if "floor_ms" in info:
         parts.append(f"floor {info['floor_ms']:.3f} ms ({info['bandwidth_source']}), {info['ratio_to_floor']:.2f}x")
     if "compile_s" in info:

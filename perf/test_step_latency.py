@@ -3,6 +3,11 @@
 Each timed call is one ``runner.step``: host-side metadata, the host->device input copy, the compiled
 model (graph replays on CUDA at level 3), attention, the LM head on the last token of each sequence, and on
 CUDA a ``torch.cuda.synchronize()`` so the timer stops when the kernels are done.
+
+After the timed rounds, one more round runs under the implementation's replay probe
+(reference.compilation.replays): on CUDA a graph mode's steps must each replay graphs and nothing may be
+recorded, recompiled, run without its graph or skipped. A row that fails is printed flagged ("GRAPHS DID
+NOT REPLAY") with its numbers, and its test fails: its figure is not that mode's.
 """
 
 import warnings
@@ -11,6 +16,7 @@ import torch
 
 from reference.benchmark.summary import IQR_WARNING
 from reference.compilation import compilation_counter
+from reference.compilation.replays import dynamo_graphs
 
 # Explicit rounds (one call each) after explicit warm-up rounds; the runner is compiled and captured before.
 PREFILL_ROUNDS, PREFILL_WARMUP = 20, 3
@@ -29,23 +35,38 @@ def _timed_step(run, device: torch.device):
     return step
 
 
+def _report(perf_report, benchmark, median) -> None:
+    """Print the benchmark's line, then refuse the row if its graphs did not replay."""
+    perf_report(benchmark.name, median, benchmark.extra_info)
+    problems = benchmark.extra_info["replay_problems"]
+    assert not problems, f"{benchmark.name}: the graphs did not replay as captured: {'; '.join(problems)}"
+
+
 def _tokens(vocab_size: int, batch_size: int, length: int) -> list[list[int]]:
     return torch.randint(vocab_size, (batch_size, length), generator=torch.Generator().manual_seed(0)).tolist()
 
 
 def _check_and_describe(
-    benchmark, run, settings, logits, tokens_per_step: int, steps_per_round: int = 1
+    benchmark, run, settings, logits, one_round, tokens_per_step: int, steps_per_round: int = 1
 ) -> float | None:
-    """Assert the steps ran the warmed-up runner as is; fill ``extra_info``; return the median per step
-    (s: a round's median / ``steps_per_round``) or None when benchmarking is disabled
-    (``--benchmark-disable`` runs a round once, untimed)."""
+    """Assert the steps ran the warmed-up runner as is; run ``one_round()`` once more under the replay probe;
+    fill ``extra_info``; return the median per step (s: a round's median / ``steps_per_round``) or None when
+    benchmarking is disabled (``--benchmark-disable`` runs a round once, untimed)."""
     assert logits.shape == (settings.batch_size, run.vocab_size) and logits.dtype == torch.float32
     assert torch.isfinite(logits).all(), "non-finite logits: the timed step did not compute what it should"
     # A re-trace or a capture after warm-up would put start-up work into the timed steps.
     now = compilation_counter.snapshot()
     assert now.num_graphs_seen == run.counters.num_graphs_seen, "the model was re-traced after warm-up"
     assert now.num_cudagraph_captured == run.counters.num_cudagraph_captured, "CUDA graphs captured after warm-up"
+    with run.replay_probe() as tally:
+        one_round()
+    graphs = settings.device.type == "cuda" and run.mode != "eager"  # nothing is captured on a CPU
     info = benchmark.extra_info
+    info["replay_problems"] = tally.problems(steps_per_round if graphs else 0)
+    recompiled = dynamo_graphs() - run.dynamo_graphs  # in any round since warm-up, timed or not
+    if recompiled and not tally.recompiles:
+        info["replay_problems"].append(f"{recompiled} recompiles since warm-up")
+    info["graph_replays_per_step"] = tally.replays / steps_per_round
     info.update(
         mode=run.mode,
         model=settings.model,
@@ -76,14 +97,12 @@ def test_prefill_latency(benchmark, perf_run, perf_settings, perf_report):
     """``batch_size`` prompts of ``input_len`` tokens each, from an empty cache, in one step."""
     b, n = perf_settings.batch_size, perf_settings.input_len
     prompts, rows = _tokens(perf_run.vocab_size, b, n), list(range(b))
-    logits = benchmark.pedantic(
-        _timed_step(perf_run, perf_settings.device),
-        args=(prompts, [0] * b, rows),
-        rounds=PREFILL_ROUNDS,
-        warmup_rounds=PREFILL_WARMUP,
+    step = _timed_step(perf_run, perf_settings.device)
+    logits = benchmark.pedantic(step, args=(prompts, [0] * b, rows), rounds=PREFILL_ROUNDS, warmup_rounds=PREFILL_WARMUP)
+    median = _check_and_describe(
+        benchmark, perf_run, perf_settings, logits, lambda: step(prompts, [0] * b, rows), tokens_per_step=b * n
     )
-    median = _check_and_describe(benchmark, perf_run, perf_settings, logits, tokens_per_step=b * n)
-    perf_report(benchmark.name, median, benchmark.extra_info)
+    _report(perf_report, benchmark, median)
 
 
 def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf_report):
@@ -95,15 +114,11 @@ def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf
     b, n = perf_settings.batch_size, perf_settings.input_len
     tokens, rows = _tokens(perf_run.vocab_size, b, n + 1), list(range(b))
     perf_run.runner.step([t[:n] for t in tokens], [0] * b, rows)  # prefill: fills the cache the step reads
-    logits = benchmark.pedantic(
-        _timed_step(perf_run, perf_settings.device),
-        args=([[t[n]] for t in tokens], [n] * b, rows),
-        rounds=DECODE_ROUNDS,
-        warmup_rounds=DECODE_WARMUP,
-    )
-    median = _check_and_describe(benchmark, perf_run, perf_settings, logits, tokens_per_step=b)
+    step, args = _timed_step(perf_run, perf_settings.device), ([[t[n]] for t in tokens], [n] * b, rows)
+    logits = benchmark.pedantic(step, args=args, rounds=DECODE_ROUNDS, warmup_rounds=DECODE_WARMUP)
+    median = _check_and_describe(benchmark, perf_run, perf_settings, logits, lambda: step(*args), tokens_per_step=b)
     _describe_floor(benchmark, perf_run, bandwidth, median)
-    perf_report(benchmark.name, median, benchmark.extra_info)
+    _report(perf_report, benchmark, median)
 
 
 def test_decode_steps_back_to_back(benchmark, perf_run, perf_settings, bandwidth, perf_report):
@@ -130,10 +145,10 @@ def test_decode_steps_back_to_back(benchmark, perf_run, perf_settings, bandwidth
 
     logits = benchmark.pedantic(chain, rounds=CHAIN_ROUNDS, warmup_rounds=CHAIN_WARMUP)
     median = _check_and_describe(
-        benchmark, perf_run, perf_settings, logits, tokens_per_step=b, steps_per_round=DECODE_CHAIN
+        benchmark, perf_run, perf_settings, logits, chain, tokens_per_step=b, steps_per_round=DECODE_CHAIN
     )
     _describe_floor(benchmark, perf_run, bandwidth, median)
-    perf_report(benchmark.name, median, benchmark.extra_info)
+    _report(perf_report, benchmark, median)
 
 
 def _describe_floor(benchmark, run, bandwidth, median: float | None) -> None:
