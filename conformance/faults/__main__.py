@@ -3,7 +3,7 @@
 For each fault of the catalogue visible on the device (``--device cpu``: the CPU-visible faults, gpu tests
 deselected; ``cuda``: all of them, gpu tests included) this runs ``pytest conformance --impl fault:ID -k
 TESTS -x`` in a fresh process (conformance/faults/run.py) and prints one line, ``FAULT_ID KIND caught
-TEST_ID`` or ``FAULT_ID KIND survived``, then ``N caught, M survived``. Exit status 1 if any fault survived.
+TEST_ID in S s`` or ``FAULT_ID KIND survived in S s``, then ``N caught, M survived``. Exit status 1 if any fault survived.
 A fault whose tests select nothing, or whose run errors before any test fails, survives (the reason goes to
 stderr). ``--jobs`` faults run at once, on either device; a fault marked ``alone`` (its test measures the
 device's free memory) runs after them, by itself. ``--list`` prints the device's fault ids and runs nothing.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import sys
+import time
 
 from conformance.faults.catalogue import FAULTS
 from conformance.faults.run import run_fault
@@ -50,10 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     shared = [f for f in faults if not f.alone]
     alone = [f for f in faults if f.alone]
     survived = 0
+
+    def timed(fault, jobs):
+        start = time.perf_counter()
+        return (*run_fault(fault, args.device, jobs), time.perf_counter() - start)
+
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        results = zip(shared, pool.map(lambda f: run_fault(f, args.device, args.jobs), shared))
-        for fault, (test, note) in itertools.chain(results, ((f, run_fault(f, args.device)) for f in alone)):
-            print(f"{fault.id} {fault.kind} " + (f"caught {test}" if test else "survived"), flush=True)
+        results = zip(shared, pool.map(lambda f: timed(f, args.jobs), shared))
+        for fault, (test, note, seconds) in itertools.chain(results, ((f, timed(f, 1)) for f in alone)):
+            outcome = f"caught {test}" if test else "survived"
+            print(f"{fault.id} {fault.kind} {outcome} in {seconds:.1f} s", flush=True)
             if not test:
                 survived += 1
                 print(note, file=sys.stderr)

@@ -1,0 +1,142 @@
+"""``python -m conformance.run_record``: every step of the GPU check, each timed, and a record of the run.
+
+What ``tox -e gpu`` runs. The steps, in this order, each in processes of its own:
+
+1. ``suite``: ``pytest conformance`` on several xdist workers sharing the device (not the fault catalogue,
+   not the tests that read the device's free memory);
+2. ``device_memory``: those tests, alone on the device;
+3. ``faults``: ``python -m conformance.faults`` over every fault of the catalogue visible on the device,
+   one fault per process, as many at once as the machine has cores to spare;
+4. ``perf``: one untimed pass over ``perf/`` (``--benchmark-disable``; its run is saved to a scratch
+   folder, not ``.benchmarks/``).
+
+Every step runs even when an earlier one failed (a GPU run is too dear to stop at the first red step);
+the exit status is 1 if any step failed. Each step prints its wall time as it ends, and the record
+(``--record PATH``, JSON) holds the commit, the device, torch, the CPU count, and per step the command,
+its seconds, its exit status and its counts (tests passed / failed / errors / skipped, or faults caught /
+survived). Arguments after ``--`` go to the two pytest runs of the suite (``tox -e gpu -- -k attention``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = [sys.executable, "-m", "pytest"]
+
+
+def _pytest_counts(junit: Path) -> dict[str, int]:
+    """passed / failed / errors / skipped of a JUnit XML report (all zero when pytest wrote none)."""
+    counts = dict.fromkeys(("passed", "failed", "errors", "skipped"), 0)
+    if not junit.exists():
+        return counts
+    for suite in ElementTree.parse(junit).getroot().iter("testsuite"):
+        tests, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        counts["failed"] += failed
+        counts["errors"] += errors
+        counts["skipped"] += skipped
+        counts["passed"] += tests - failed - errors - skipped
+    return counts
+
+
+def _steps(device: str, scratch: Path, pytest_args: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, command) of each step for ``device`` (``cuda`` or ``cpu``)."""
+    cpus = os.cpu_count() or 1
+    workers = str(max(2, min(8, cpus // 2)))
+    jobs = str(max(1, cpus - 2))
+    return [
+        ("suite", [*PYTEST, "conformance", "-m", "not faults and not device_memory", "-n", workers,
+                   "--dist", "loadgroup", f"--junitxml={scratch / 'suite.xml'}", *pytest_args]),
+        ("device_memory", [*PYTEST, "conformance", "-m", "device_memory and not faults",
+                           f"--junitxml={scratch / 'device_memory.xml'}", *pytest_args]),
+        ("faults", [sys.executable, "-m", "conformance.faults", "--device", device, "--jobs", jobs]),
+        ("perf", [*PYTEST, "perf", "--benchmark-disable", f"--benchmark-storage=file://{scratch / 'benchmarks'}",
+                  "-q", f"--junitxml={scratch / 'perf.xml'}"]),
+    ]  # fmt: skip
+
+
+def _run_step(name: str, command: list[str], scratch: Path) -> dict:
+    """Run one step, its output passed through; returns its entry of the record."""
+    print(f"\n=== {name}: {shlex.join(command)}", flush=True)
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they come, also when the run is cut short
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last_lines: list[str] = []
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        last_lines = (last_lines + [line.rstrip()])[-5:]
+    exit_status = proc.wait()
+    seconds = time.perf_counter() - start
+    entry = {"step": name, "command": shlex.join(command), "seconds": round(seconds, 1), "exit": exit_status}
+    if name == "faults":
+        totals = next((re.fullmatch(r"(\d+) caught, (\d+) survived", l) for l in reversed(last_lines)), None)
+        entry["faults"] = {"caught": int(totals[1]), "survived": int(totals[2])} if totals else None
+    else:
+        entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
+    print(f"=== {name}: exit {exit_status} in {seconds:.0f} s", flush=True)
+    return entry
+
+
+def _commit() -> str:
+    """The checked-out commit (``+dirty`` with uncommitted changes), else ``REFERENCE_COMMIT``, else unknown."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("REFERENCE_COMMIT", "unknown")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m conformance.run_record", description=__doc__.splitlines()[0])
+    parser.add_argument("--record", required=True, metavar="PATH", help="where to write the run record (JSON)")
+    args = parser.parse_args(own)
+    record_path = Path(args.record)
+    if not record_path.parent.is_dir():
+        parser.error(f"--record {args.record}: its folder does not exist")
+    import torch  # here: argument errors stay instant
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = [_run_step(name, command, Path(tmp)) for name, command in _steps(device, Path(tmp), pytest_args)]
+    record = {
+        "commit": _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, "-m", "conformance.run_record", *argv]),
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "steps": steps,
+        "total_seconds": round(time.perf_counter() - start, 1),
+        "ok": all(step["exit"] == 0 for step in steps),
+    }
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\n=== run record {record_path}")
+    for step in steps:
+        counts = step.get("tests") or step.get("faults") or {}
+        print(f"{step['step']:>14}: exit {step['exit']}, {step['seconds']:6.1f} s, "
+              + ", ".join(f"{v} {k}" for k, v in counts.items()))  # fmt: skip
+    print(f"{'total':>14}: {record['total_seconds']:.1f} s, {'ok' if record['ok'] else 'FAILED'}", flush=True)
+    return 0 if record["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
