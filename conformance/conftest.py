@@ -41,6 +41,9 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid}: its id says no_inductor but it is not marked no_inductor, so -k no_inductor would "
                 "select a test that does not run the mode; rename it or mark it"
             )
+    # Slow tests first (a stable sort keeps the rest in order): xdist hands tests out in this order, and a
+    # two-minute test handed out last would run alone at the end while the other workers idle.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,11 @@ def test_every_cpu_faults_tests_select_at_least_one_test():
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.id for f in CPU_FAULTS])
+@pytest.mark.parametrize(
+    "fault",
+    # the parallel faults' tests launch torchrun: 3-5x the others
+    [pytest.param(f, id=f.id, marks=[pytest.mark.slow] if f.kind == "parallel" else []) for f in CPU_FAULTS],
+)
 def test_the_suite_catches(fault):
     jobs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # faults running at once share the cores
     test, note = run_fault(fault, "cpu", jobs)

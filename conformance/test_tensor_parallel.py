@@ -69,6 +69,7 @@ def ranks(request, tmp_path_factory):
     return results
 
 
+@pytest.mark.slow  # the first test of each model launches torchrun (two processes, every mode)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_tensor_parallel_logits_match_one_process_on_every_rank(model, mode, ranks):
@@ -150,6 +151,7 @@ BENCH = ["-m", "reference.bench_latency", "--model", "llama-tiny", "--device", "
 BENCH += ["--input-len", "4", "--output-len", "4", "--num-iters-warmup", "0", "--num-iters", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.eager
 @pytest.mark.no_inductor
 def test_tensor_parallel_bench_latency_under_torchrun_reports_once_from_rank_0(tmp_path):
