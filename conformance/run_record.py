@@ -91,14 +91,18 @@ def _run_step(name: str, command: list[str], scratch: Path) -> dict:
 
 
 def _commit() -> str:
-    """The checked-out commit (``+dirty`` with uncommitted changes), else ``REFERENCE_COMMIT``, else unknown."""
+    """``REFERENCE_COMMIT`` if set (a copied tree may carry a stale ``.git`` of another commit: the H200's
+    copy named the session's first commit), else the checked-out commit (``+dirty`` with uncommitted
+    changes), else unknown."""
+    if os.environ.get("REFERENCE_COMMIT"):
+        return os.environ["REFERENCE_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("REFERENCE_COMMIT", "unknown")
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
