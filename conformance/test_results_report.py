@@ -216,13 +216,22 @@ def test_results_record_the_machine_state_that_moves_latencies():
     assert info["gpu"] is None and info["gpu_clocks"] is None
 
 
+def _saved_runs() -> set[Path]:
+    """The pytest-benchmark runs saved in the repository, where ``pytest perf/ --benchmark-compare`` looks."""
+    return set((ROOT / ".benchmarks").rglob("*.json"))
+
+
 def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp_path):
     out = tmp_path / "run.json"
-    args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q"]
+    args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q",
+            f"--benchmark-storage=file://{tmp_path / 'benchmarks'}"]  # fmt: skip
     # an xdist worker's variables would tell pytest-benchmark it runs under xdist, and it would time nothing
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    saved = _saved_runs()
     proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:]
+    # the user's next `pytest perf/ --benchmark-compare` must not compare against a run the suite made
+    assert _saved_runs() == saved, "the test saved a benchmark run into the repository's .benchmarks/"
     doc = json.loads(out.read_text())
     info = doc["machine_info"]
     assert info["command"] == "python -m pytest " + shlex.join(args)  # what to type to run it again
