@@ -8,6 +8,7 @@ mistake, a hidden device) would otherwise skip every gpu test and still pass.
 the device-memory tests apart) lets a run that selects no test pass, so a ``-k`` given to both may empty one.
 """
 
+import logging
 import os
 
 import pytest
@@ -27,9 +28,19 @@ def pytest_addoption(parser):
         help="implementation to check: reference (default), torch-native, fault:ID or MODULE:FACTORY",
     )
     group.addoption("--conformance-report", default=None, metavar="PATH", help="write the per-rule summary as JSON")
+    group.addoption(
+        "--conformance-table",
+        action="store_true",
+        help="print every rule's counts at the end (default: the rules that failed, and the totals)",
+    )
 
 
 def pytest_configure(config):
+    # torch's structured-trace logger writes empty DEBUG records while Dynamo compiles, and pytest's capture
+    # handlers end up on it, so every failure's report held a hundred blank log lines. Without TORCH_TRACE
+    # (which asks for those records) nothing reads them: raise the logger's level past them.
+    if not os.environ.get("TORCH_TRACE"):
+        logging.getLogger("torch.__trace").setLevel(logging.CRITICAL)
     try:
         config.stash[IMPLEMENTATION] = load_implementation(config.getoption("impl"))
     except ValueError as err:

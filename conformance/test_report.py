@@ -94,3 +94,42 @@ def test_a_report_path_in_a_missing_folder_is_refused_before_any_test_runs(tmp_p
     proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 4  # pytest: usage error
     assert "its folder does not exist" in proc.stderr and "passed" not in proc.stdout
+
+
+FAILING = "test_config.py::test_a_maximum_that_is_not_a_multiple_of_8_is_kept"  # fails under the fault below
+
+
+def _run_with_a_failure(*extra: str) -> str:
+    """stdout of a run of one failing and one passing rule (the fault largest-capture-size-dropped planted)."""
+    cmd = [sys.executable, "-m", "pytest", f"conformance/{FAILING}", f"conformance/{RULE}", "-q", "-p",
+           "no:cacheprovider", "-p", "no:xdist", "--impl", "fault:largest-capture-size-dropped", *extra]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    return proc.stdout
+
+
+def test_the_summary_lists_the_failing_rules_and_the_totals_and_the_whole_table_on_request():
+    out = _run_with_a_failure()
+    assert f"0    1    0    0  {FAILING}" in out  # the failing rule, with its counts
+    assert RULE not in out.split("conformance: fault")[-1]  # a passing rule is left out of the summary
+    assert "2 rules: 1 passed, 1 failed, 0 skipped, 0 xfailed (--conformance-table lists every rule)" in out
+    assert f"1    0    0    0  {RULE}" in _run_with_a_failure("--conformance-table")
+
+
+def test_a_failure_report_holds_no_empty_torch_trace_log_lines():
+    """torch's structured-trace logger logs empty DEBUG records while Dynamo compiles; captured, they buried
+    each failure's report under a hundred lines."""
+    test = "conformance/test_structure.py::test_level2_traces_once_for_every_size[use_inductor=False]"
+    cmd = [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "--impl", "fault:token-dimension-not-dynamic"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1 and "Captured log call" not in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_perf_run_prints_no_conformance_summary(tmp_path):
+    cmd = [sys.executable, "-m", "pytest", "perf", "-k", "prefill and eager", "--benchmark-disable", "-q", "-p",
+           "no:cacheprovider", f"--benchmark-storage=file://{tmp_path}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "conformance:" not in proc.stdout, proc.stdout[-2000:]
