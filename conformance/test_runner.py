@@ -142,7 +142,8 @@ BAD_TOKEN_TENSORS = [
     pytest.param(torch.tensor([1.0, 2.0, 3.0]), r": a token tensor .* got \[3\] float32", id="float"),
     pytest.param(
         torch.tensor([1, HF.vocab_size, 3]),
-        rf"\[1\]: token id {HF.vocab_size} is outside the vocabulary, expected an int in 0\.\.{HF.vocab_size - 1}$",
+        rf"\[1\]: token id {HF.vocab_size} is outside the vocabulary, expected an int in "
+        rf"0\.\.{HF.vocab_size - 1}$",
         id="past_vocab",
     ),
     pytest.param(torch.tensor([1, 2, -1]), r"\[2\]: token id -1 is outside the vocabulary", id="negative"),
@@ -200,7 +201,8 @@ BAD_STEPS = [
         [[HF.vocab_size]],
         [0],
         [0],
-        rf"^new_tokens\[0\]\[0\]: token id {HF.vocab_size} is outside the vocabulary, expected an int in 0\.\.{HF.vocab_size - 1}$",
+        rf"^new_tokens\[0\]\[0\]: token id {HF.vocab_size} is outside the vocabulary, "
+        rf"expected an int in 0\.\.{HF.vocab_size - 1}$",
         id="token_id_past_vocab",
     ),
     # the offending id and where it is, not the largest id of the step (5 here is valid)

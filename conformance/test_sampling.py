@@ -148,6 +148,8 @@ def test_a_sampled_row_without_a_generator_is_an_error():
         ("ignore_eos", "yes"),
         ("stop_token_ids", [1, -3]),
         ("stop_token_ids", "12"),
+        ("stop_token_ids", 5),  # one id, not a list of them: a one-line error, not a TypeError
+        ("stop_token_ids", {1: 2}),
         ("seed", 1.5),
         ("seed", -1),  # the LLM's own seed refuses it too
         ("seed", 2**64),  # torch.Generator.manual_seed overflows
@@ -156,3 +158,8 @@ def test_a_sampled_row_without_a_generator_is_an_error():
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(SamplingError, match=rf"^{field}: expected|^{field}: only"):
         SamplingParams(**{field: value})
+
+
+def test_stop_token_ids_none_is_vllms_default_spelling_of_no_stop_tokens():
+    assert SamplingParams(stop_token_ids=None).stop_token_ids == []
+    assert SamplingParams(stop_token_ids=(3, 4)).stop_token_ids == [3, 4]

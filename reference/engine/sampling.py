@@ -47,7 +47,8 @@ class SamplingParams:
         min_tokens: EOS and ``stop_token_ids`` cannot be sampled before this many tokens were generated;
             0 <= min_tokens <= max_tokens.
         ignore_eos: keep generating after EOS (the benchmark uses this to fix output lengths).
-        stop_token_ids: token ids that end the sequence (the stop token is kept in the output ids).
+        stop_token_ids: token ids that end the sequence (the stop token is kept in the output ids); None
+            (vLLM's default) is none.
         seed: seed of this request's generator; None lets the engine derive one from its own seed.
 
     Raises:
@@ -61,7 +62,7 @@ class SamplingParams:
     max_tokens: int = 16
     min_tokens: int = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] | None = field(default_factory=list)
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -85,9 +86,12 @@ class SamplingParams:
             )
         if not isinstance(self.ignore_eos, bool):
             raise SamplingError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+        if self.stop_token_ids is None:  # vLLM's default spelling
+            self.stop_token_ids = []
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
             raise SamplingError(
-                f"stop_token_ids: expected a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
+                f"stop_token_ids: expected a list of token ids (ints >= 0) or None, got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = list(self.stop_token_ids)
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT):
