@@ -219,6 +219,27 @@ BAD_FLAGS = [
         "compilation config: key 'custom_ops' given twice",
         id="literal-key-given-twice",
     ),
+    # an abbreviation of a flag is not that flag: it bypassed the given-twice guard and dropped a value
+    pytest.param(
+        ["--compilation", "{'cudagraph_capture_sizes': [4]}", "-O.custom_ops=['none']"],
+        "unrecognized arguments: --compilation",
+        id="abbreviated-flag",
+    ),
+    pytest.param(
+        ["--compilation", "{'cudagraph_capture_sizes': [4]}", "--compilation-config", "{'custom_ops': ['none']}"],
+        "unrecognized arguments: --compilation ",
+        id="abbreviation-and-flag",
+    ),
+    pytest.param(
+        ["-cc", "{'backend': [1]}"],
+        r"argument --compilation-config: backend: expected one of \['inductor', 'eager'\], got \[1\]",
+        id="unhashable-backend",
+    ),
+    pytest.param(
+        ["-cc", '{"cudagraph_capture_sizes": [' + "9" * 5000 + "]}"],
+        r"^[^\n]{0,400}argument --compilation-config: compilation config: .{0,300}\n$",
+        id="a-5000-digit-value",
+    ),
     pytest.param(["--num-iters", "0"], "argument --num-iters: expected an int >= 1, got '0'", id="num-iters-0"),
     pytest.param(
         ["--num-iters-baseline", "0"],

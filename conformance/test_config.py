@@ -71,6 +71,8 @@ def test_parsing_never_evaluates_code(tmp_path):
         ("{1, [2]}", "neither JSON, a Python literal nor a level digit"),
         # json and literal_eval recurse; absurd nesting must still be a ConfigError
         ("[" * 100_000, "neither JSON, a Python literal nor a level digit"),
+        # JSON only (false is no Python literal): the repeated key must be named, not "neither JSON ..."
+        ('{"level": 3, "level": 2, "use_inductor": false}', "key 'level' given twice"),
     ],
     ids=[
         "unclosed",
@@ -83,6 +85,7 @@ def test_parsing_never_evaluates_code(tmp_path):
         "unhashable_key",
         "unhashable_set_item",
         "deep_nesting",
+        "json_key_twice",
     ],
 )
 def test_malformed_strings_raise_config_error(text, message):
@@ -103,6 +106,35 @@ def test_non_string_keys_are_reported_as_unknown():
 def test_a_non_dict_value_is_rejected():
     with pytest.raises(ConfigError, match="expected a dict.*got list"):
         CompilationConfig.parse([("level", 3)])
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"backend": [1]}, r"^backend: expected one of \['inductor', 'eager'\], got \[1\]$"),  # was: unhashable type
+        ({"mode": {"a": 1}}, r"^mode: expected 0-3 or one of"),
+        ({"cudagraph_mode": ["piecewise"]}, r"^cudagraph_mode: expected one of"),
+    ],
+    ids=["backend_list", "mode_dict", "cudagraph_mode_list"],
+)
+def test_an_unhashable_value_of_a_vllm_spelling_names_its_field(value, message):
+    with pytest.raises(ConfigError, match=message):
+        CompilationConfig.parse(value)
+
+
+HUGE = "9" * 5000  # more digits than Python converts to an int by default (4300)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [f'{{"level": {HUGE}}}', f"{{'level': {HUGE}}}", {"cudagraph_capture_sizes": [2**20000]}, {"level": 2**20000}],
+    ids=["json", "python_literal", "huge_int_in_a_list", "huge_int"],
+)
+def test_a_value_of_thousands_of_digits_is_a_short_config_error(value):
+    """json refuses such an int with a bare ValueError, and repr() of one (for the message) raises too."""
+    with pytest.raises(ConfigError) as err:
+        CompilationConfig.parse(value)
+    assert len(str(err.value)) < 400, str(err.value)[:500]
 
 
 # ---------------------------------------------------------------------- field types and values

@@ -21,7 +21,15 @@ def usable_cpus() -> int:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (``PROG: error: ...``) without the usage block above it; exit 2."""
+    """argparse, but an error is one line (``PROG: error: ...``) without the usage block above it; exit 2.
+
+    Abbreviated long flags are not accepted (``allow_abbrev=False``, as vLLM's parser does): argparse would
+    read ``--compilation`` as ``--compilation-config``, past the guard that refuses a config given twice.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

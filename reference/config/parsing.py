@@ -20,7 +20,10 @@ class ConfigError(ValueError):
 def echo(value: Any, limit: int = 200) -> str:
     """``repr(value)`` for an error message, cut to ``limit`` characters (a pasted 100 KB string or a long
     token list would otherwise bury the message), with the full length noted when cut."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for conversion (sys.get_int_max_str_digits)
+        return f"an int of about {value.bit_length() * 0.30103:.0f} digits"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
@@ -36,7 +39,10 @@ def parse_config_text(text: str) -> Any:
         return {"level": int(text)}
     try:
         return json.loads(text, object_pairs_hook=_dict_of_distinct_keys)
-    except (json.JSONDecodeError, RecursionError):
+    except ConfigError:  # a key given twice
+        raise
+    # ValueError: JSONDecodeError, or an int past Python's digit limit for conversion (literal_eval refuses it too)
+    except (ValueError, RecursionError):
         pass
     try:
         value = ast.literal_eval(text)

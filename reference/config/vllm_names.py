@@ -53,7 +53,7 @@ def translate(fields: dict[str, Any]) -> dict[str, Any]:
         _merge(fields, "mode", "level", _mode_level(fields["mode"]))
         del fields["mode"]
     if "backend" in fields:
-        if fields["backend"] not in BACKENDS:
+        if not isinstance(fields["backend"], str) or fields["backend"] not in BACKENDS:  # a list is unhashable
             raise ConfigError(f"backend: expected one of {list(BACKENDS)}, got {echo(fields['backend'])}")
         _merge(fields, "backend", "use_inductor", BACKENDS[fields["backend"]])
         del fields["backend"]
