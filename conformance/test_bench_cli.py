@@ -450,6 +450,7 @@ def test_a_truncated_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
     assert last.startswith("python -m reference.bench_latency: error: ") and "model.safetensors: truncated" in last
 
 
+@pytest.mark.slow
 @pytest.mark.no_inductor
 @pytest.mark.inductor
 def test_torch_native_runs_as_a_baseline_in_the_engine_and_every_mode_gets_its_ratio(tmp_path):

@@ -41,6 +41,7 @@ def test_a_fault_plants_and_removes_its_patches(fault):
         pass
 
 
+@pytest.mark.slow
 def test_every_cpu_faults_tests_select_at_least_one_test():
     selected = selected_tests(CPU_FAULTS, "cpu")
     empty = [f.id for f in CPU_FAULTS if not selected[f.id]]

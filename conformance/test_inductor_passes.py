@@ -24,6 +24,7 @@ def _generated_code(**inductor_patches) -> str:
     return "\n".join(codes)
 
 
+@pytest.mark.slow
 def test_residual_adds_stay_adds_and_join_the_next_norms_kernel():
     without_pass = _generated_code(post_grad_custom_post_pass=None)
     if "addmm(" not in without_pass:

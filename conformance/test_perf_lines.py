@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 BENCHMARK_THEN_DEATH = """
@@ -23,6 +25,7 @@ def test_the_run_dies(perf_report):
 """
 
 
+@pytest.mark.slow
 def test_a_run_cut_short_keeps_the_lines_of_the_benchmarks_it_finished(tmp_path):
     (tmp_path / "test_cut_short.py").write_text(BENCHMARK_THEN_DEATH)
     run = subprocess.run(

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RULE = "test_config.py::test_none_gives_the_defaults"
 
 
+@pytest.mark.slow
 def test_a_saved_report_has_each_rules_outcomes_and_what_made_it(tmp_path):
     path = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pytest", f"conformance/{RULE}", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
@@ -52,6 +53,7 @@ def test_reports_side_by_side_have_a_cell_per_rule_and_report_and_column_totals(
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "text, why",
     [
@@ -72,6 +74,7 @@ def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path, text, why):
     assert f"{bad}: not a conformance report ({why})" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tmp_path):
     path = tmp_path / "report.json"
     path.write_text('{"stale": true}')
@@ -88,6 +91,7 @@ def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tm
     assert json.loads(path.read_text())["rules"] == {}
 
 
+@pytest.mark.slow
 def test_a_report_path_in_a_missing_folder_is_refused_before_any_test_runs(tmp_path):
     path = tmp_path / "no-such-folder" / "report.json"
     cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
@@ -108,6 +112,7 @@ def _run_with_a_failure(*extra: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_the_summary_lists_the_failing_rules_and_the_totals_and_the_whole_table_on_request():
     out = _run_with_a_failure()
     assert f"0    1    0    0  {FAILING}" in out  # the failing rule, with its counts
@@ -116,6 +121,7 @@ def test_the_summary_lists_the_failing_rules_and_the_totals_and_the_whole_table_
     assert f"1    0    0    0  {RULE}" in _run_with_a_failure("--conformance-table")
 
 
+@pytest.mark.slow
 def test_a_failure_report_holds_no_empty_torch_trace_log_lines():
     """torch's structured-trace logger logs empty DEBUG records while Dynamo compiles; captured, they buried
     each failure's report under a hundred lines."""
@@ -126,6 +132,7 @@ def test_a_failure_report_holds_no_empty_torch_trace_log_lines():
     assert proc.returncode == 1 and "Captured log call" not in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_a_perf_run_prints_no_conformance_summary(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "perf", "-k", "prefill and eager", "--benchmark-disable", "-q", "-p",
            "no:cacheprovider", f"--benchmark-storage=file://{tmp_path}"]  # fmt: skip

@@ -221,6 +221,7 @@ def _saved_runs() -> set[Path]:
     return set((ROOT / ".benchmarks").rglob("*.json"))
 
 
+@pytest.mark.slow
 def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp_path):
     out = tmp_path / "run.json"
     args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q",

@@ -40,7 +40,8 @@ SIZE = 2
 MODES = ("eager", "no_inductor", "inductor")
 
 # One torchrun launch per model serves every test of it: xdist keeps them on one worker (--dist loadgroup).
-pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.xdist_group("tensor_parallel")]
+# slow: the tests launch torchrun (two processes per model, every mode), 20-70 s each on two cores
+pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.xdist_group("tensor_parallel"), pytest.mark.slow]
 
 
 @functools.cache
@@ -69,7 +70,6 @@ def ranks(request, tmp_path_factory):
     return results
 
 
-@pytest.mark.slow  # the first test of each model launches torchrun (two processes, every mode)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model", MODELS)
 def test_tensor_parallel_logits_match_one_process_on_every_rank(model, mode, ranks):
@@ -151,7 +151,6 @@ BENCH = ["-m", "reference.bench_latency", "--model", "llama-tiny", "--device", "
 BENCH += ["--input-len", "4", "--output-len", "4", "--num-iters-warmup", "0", "--num-iters", "1"]
 
 
-@pytest.mark.slow
 @pytest.mark.eager
 @pytest.mark.no_inductor
 def test_tensor_parallel_bench_latency_under_torchrun_reports_once_from_rank_0(tmp_path):
