@@ -30,7 +30,15 @@ def load_implementation(spec: str) -> Implementation:
         factory = getattr(importlib.import_module(module_name), factory_name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--impl {spec!r}: cannot load {factory_name} from {module_name} ({err})") from None
-    impl = factory()
+    if not callable(factory):
+        raise ValueError(
+            f"--impl {spec!r}: {factory_name} in {module_name} is not callable (a {type(factory).__name__}); name a "
+            "class or function that returns the implementation"
+        )
+    try:
+        impl = factory()
+    except Exception as err:  # the user's factory: whatever it raises, say so in one line
+        raise ValueError(f"--impl {spec!r}: {factory_name}() raised {type(err).__name__}: {err}") from None
     missing = [a for a in ("name", "capabilities", "compile", "activate") if not hasattr(impl, a)]
     unknown = set(getattr(impl, "capabilities", ())) - set(CAPABILITIES)
     if missing or unknown:
