@@ -46,8 +46,15 @@ def pytest_configure(config):
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     report = config.getoption("conformance_report")
-    if report and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
-        raise pytest.UsageError(f"--conformance-report {report}: its folder does not exist")
+    if report:  # checked now: a path found wrong at the end would lose the whole run's report
+        if not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+            raise pytest.UsageError(f"--conformance-report {report}: its folder does not exist")
+        if os.path.isdir(report):
+            raise pytest.UsageError(f"--conformance-report {report}: is a folder; give a file path")
+        try:
+            open(report, "a").close()  # creates it if missing, changes nothing of an existing file
+        except OSError as err:
+            raise pytest.UsageError(f"--conformance-report {report}: cannot write it ({err.strerror or err})") from None
     config.pluginmanager.register(ConformanceReport(config), "conformance-report")
     # Under pytest-xdist every worker would start as many intra-op threads as the machine has cores; on
     # CI's two cores two workers would then run four busy threads. Give each worker its share instead.

@@ -12,11 +12,13 @@ import json
 import shlex
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 import torch
 
 from reference.benchmark.cli import OneLineParser
+from reference.benchmark.report import write_whole
 
 # The implementation under test, loaded from --impl by the root conftest.py.
 IMPLEMENTATION = pytest.StashKey[object]()
@@ -78,9 +80,13 @@ class ConformanceReport:
                 "rules": {rule: dict(rules[rule]) for rule in sorted(rules)},
                 "tests": dict(sorted(self.outcomes.items())),
             }
-            with open(path, "w") as f:
-                json.dump(doc, f, indent=2)
-            terminalreporter.write_line(f"conformance report: {path}")
+            try:
+                write_whole(Path(path), json.dumps(doc, indent=2))
+            except OSError as err:  # the path was writable at the start; a disk can fill during the run
+                why = err.strerror or err
+                terminalreporter.write_line(f"conformance report: cannot write {path} ({why})", red=True)
+            else:
+                terminalreporter.write_line(f"conformance report: {path}")
 
 
 def side_by_side(reports: list[dict]) -> str:

@@ -92,12 +92,21 @@ def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tm
 
 
 @pytest.mark.slow
-def test_a_report_path_in_a_missing_folder_is_refused_before_any_test_runs(tmp_path):
-    path = tmp_path / "no-such-folder" / "report.json"
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("no-such-folder/report.json", "its folder does not exist"),
+        (".", "is a folder; give a file path"),  # was a traceback after the whole run, the report lost
+        ("/proc/report.json", "cannot write it"),  # a folder that takes no files, even as root
+    ],
+    ids=["missing_folder", "a_folder", "unwritable"],
+)
+def test_a_report_path_that_cannot_take_the_report_is_refused_before_any_test_runs(tmp_path, where, message):
+    path = tmp_path / where
     cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
     proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 4  # pytest: usage error
-    assert "its folder does not exist" in proc.stderr and "passed" not in proc.stdout
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # pytest: usage error
+    assert message in proc.stderr and "passed" not in proc.stdout
 
 
 FAILING = "test_config.py::test_a_maximum_that_is_not_a_multiple_of_8_is_kept"  # fails under the fault below

@@ -191,6 +191,8 @@ def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch
         (["--compare", str(GENERATE), str(STEP_NEW)], "share no (model, measure, mode) row"),
         ([str(STEP_NEW), "--out", "README.md"], "--out: cannot make the folder README.md"),
         ([str(STEP_NEW), "--out", "/proc/no-such-dir"], "--out: cannot make the folder /proc/no-such-dir"),
+        # a folder that exists but takes no files (root may write anywhere else, so /proc it is)
+        ([str(STEP_NEW), "--out", "/proc"], "--out: cannot write in /proc"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_2(args, message):
@@ -260,3 +262,21 @@ def test_the_peer_table_gives_each_modes_speed_up_and_marks_ratios_across_runs()
     for mode in set(in_old) & set(MODES):
         assert cells[mode] == f"{in_old['hf-compile'].latency_s / in_old[mode].latency_s:.2f}x"
     assert speedup_table(later) is None  # no peer, no table
+
+
+def test_a_results_file_that_cannot_be_written_whole_leaves_no_truncated_file(tmp_path, monkeypatch):
+    """A full disk under --results-dir left a 0-byte results file behind a traceback: files are written to a
+    temporary name and renamed once complete, and the refusal is one OSError naming the file."""
+    from reference.benchmark import report
+
+    real_write_text = Path.write_text
+
+    def disk_fills(self, text, *args, **kwargs):
+        real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_fills)
+    doc = {"model": "llama-tiny", "results": []}
+    with pytest.raises(OSError, match="No space left on device"):
+        report.write_results(doc, tmp_path / "run.json", None)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its partial copy

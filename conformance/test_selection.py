@@ -37,7 +37,8 @@ def test_an_impl_that_gives_no_implementation_is_one_line_naming_it(spec, messag
 
 @pytest.mark.slow
 def test_pytest_refuses_such_an_impl_with_a_usage_error():
-    cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider", "--impl", "os:path"]
+    cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
+    cmd += ["--impl", "os:path"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 4 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert "--impl 'os:path': path in os is not callable" in proc.stderr

@@ -329,7 +329,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(markdown_header(doc))
     print(markdown_table(doc))
-    for path in write_results(doc, args.output_json, args.results_dir):
+    try:
+        written = write_results(doc, args.output_json, args.results_dir)
+    except OSError as err:  # checked writable up front, but a disk can fill during the run
+        where = f" {err.filename}" if err.filename else ""
+        print(f"{PROG}: error: cannot write the results{where} ({err.strerror or err})", file=sys.stderr)
+        sys.exit(2)
+    for path in written:
         print(f"wrote {path}", file=sys.stderr)
 
 

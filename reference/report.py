@@ -62,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a file of that name, or no permission
         parser.error(f"--out: cannot make the folder {args.out} ({err.strerror or err})")
     from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
+    from reference.benchmark.report import write_whole
 
-    chart = latency_chart(rows, args.out / "latency.png")
+    try:
+        chart = latency_chart(rows, args.out / "latency.png")
+    except OSError as err:  # a folder that takes no files
+        parser.error(f"--out: cannot write in {args.out} ({err.strerror or err})")
     peers = speedup_table(rows, every_row)
     peer_section = [
         "## Speed-up over the peers",
@@ -86,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             f"Written by `python -m reference.report {' '.join(str(p) for p in args.results)} --out {args.out}`.",
         ]
     )
-    (args.out / "report.md").write_text(text + "\n")
+    try:
+        write_whole(args.out / "report.md", text + "\n")
+    except OSError as err:
+        parser.error(f"--out: cannot write in {args.out} ({err.strerror or err})")
     print(text)
     print(f"wrote {args.out / 'report.md'} and {chart}", file=sys.stderr)
     return 0

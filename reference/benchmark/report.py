@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,19 +91,40 @@ def markdown_report(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, renamed over ``path`` once
+    complete, so a write that fails (a full disk) leaves no truncated file behind.
+
+    Raises:
+        OSError: the write or the rename failed (the temporary file is removed).
+    """
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 def write_results(doc: dict[str, Any], output_json: Path | None, results_dir: Path | None) -> list[Path]:
-    """Write the JSON to ``output_json`` and JSON + markdown to ``results_dir``; returns the paths."""
+    """Write the JSON to ``output_json`` and JSON + markdown to ``results_dir``, each file whole or not at
+    all (:func:`write_whole`); returns the paths.
+
+    Raises:
+        OSError: a folder could not be made or a file written (a full disk, no permission).
+    """
     written = []
     text = json.dumps(doc, indent=2)
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(text)
+        write_whole(output_json, text)
         written.append(output_json)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         stem = f"{Path(doc['model']).name}-{stamp}"
-        (results_dir / f"{stem}.json").write_text(text)
-        (results_dir / f"{stem}.md").write_text(markdown_report(doc))
+        write_whole(results_dir / f"{stem}.json", text)
+        write_whole(results_dir / f"{stem}.md", markdown_report(doc))
         written += [results_dir / f"{stem}.json", results_dir / f"{stem}.md"]
     return written
