@@ -267,3 +267,31 @@ def test_cli_exits_2_with_one_line_naming_the_config_field(tmp_path, capsys):
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--model" in last and str(path) in last and "hidden_size" in last, last
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"version": "1.0", "model": ', '{"version": "1.0", "model": {"type": "BPE", "vocab": 5}}'],
+    ids=["cut_off", "json_of_another_shape"],  # a JSONDecodeError; a KeyError from deep inside transformers
+)
+def test_a_corrupt_tokenizer_is_one_line_naming_the_directory(tmp_path, text):
+    from reference.engine import LLM
+
+    directory = fixture_copy(LLAMA, tmp_path)
+    (directory / "tokenizer.json").write_text(text)
+    with pytest.raises(ValueError, match=r"^tokenizer: cannot load a tokenizer from ") as error:
+        LLM(str(directory), enforce_eager=True, device="cpu", max_model_len=16, use_tqdm=False)
+    one_line_error(error, directory)
+
+
+@pytest.mark.eager
+def test_the_benchmark_never_reads_the_tokenizer(tmp_path, capsys):
+    """Its prompts are token ids and it ignores EOS, so a corrupt tokenizer must not stop it (it was a
+    23-line traceback): vLLM's skip_tokenizer_init."""
+    from reference.bench_latency import main
+
+    directory = fixture_copy(LLAMA, tmp_path)
+    (directory / "tokenizer.json").write_text("not json")
+    main(["--model", str(directory), "--device", "cpu", "--modes", "eager", "--batch-size", "2", "--input-len", "4",
+          "--output-len", "2", "--num-iters-warmup", "0", "--num-iters", "1"])  # fmt: skip
+    assert "| eager |" in capsys.readouterr().out

@@ -324,6 +324,8 @@ def test_default_max_model_len_is_capped_at_2048_and_dtype_auto_follows_the_chec
         (dict(seed=-1), r"^seed: expected an int in \[0, 2\*\*63\), got -1"),
         (dict(seed=2**64), r"^seed: expected an int in \[0, 2\*\*63\), got 18446744073709551616"),
         (dict(enforce_eager="yes"), r"^enforce_eager: expected a bool, got 'yes'"),
+        (dict(skip_tokenizer_init=1), r"^skip_tokenizer_init: expected a bool, got 1"),
+        (dict(skip_tokenizer_init=True, tokenizer="fixtures/tiny-llama"), r"^tokenizer and skip_tokenizer_init=True"),
     ],
 )
 def test_bad_constructor_arguments_name_the_argument(kwargs, match):

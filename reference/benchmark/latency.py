@@ -186,6 +186,7 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
             max_num_batched_tokens=args.batch_size * args.input_len,  # the prefill, the largest step
             share_weights_with=owner,
             tensor_parallel_size=args.tensor_parallel_size,
+            skip_tokenizer_init=True,  # token-id prompts, ignore_eos: a tokenizer would only be a way to fail
             **kwargs,
         )
 

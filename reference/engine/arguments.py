@@ -156,8 +156,8 @@ def load_tokenizer(model: str, path: str | None):
 
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"tokenizer: cannot load a tokenizer from {echo(path)}: {err}") from None
+    except Exception as err:  # a corrupt file fails anywhere inside transformers / tokenizers, as any type
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {echo(path)}: {type(err).__name__}: {err}") from None
 
 
 def eos_token_ids(hf_config, tokenizer) -> frozenset[int]:

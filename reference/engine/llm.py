@@ -63,6 +63,8 @@ class LLM:
         seed: seed of the weights (presets are randomly initialised) and of the per-request generators of
             requests without their own ``seed``.
         tokenizer: path of a transformers tokenizer; default: the model directory's, if it has one.
+        skip_tokenizer_init: load no tokenizer (vLLM's flag): prompts must be token ids, outputs carry no
+            text, and EOS comes from the model config alone. The benchmark sets it: it never needs one.
         share_weights_with: another ``LLM`` of the same model whose weight tensors this one uses (one set
             of weights for several compilation modes in one process).
         tensor_parallel_size: processes the model is sharded over (Megatron-style: column-parallel qkv and
@@ -100,6 +102,7 @@ class LLM:
         device: str | torch.device | None = None,
         seed: int = 0,
         tokenizer: str | None = None,
+        skip_tokenizer_init: bool = False,
         share_weights_with: "LLM | None" = None,
         use_tqdm: bool = True,
         tensor_parallel_size: int = 1,
@@ -107,8 +110,11 @@ class LLM:
     ):
         arguments.check_positive("max_num_seqs", max_num_seqs)
         arguments.check_seed(seed)
-        if not isinstance(enforce_eager, bool):
-            raise ValueError(f"enforce_eager: expected a bool, got {echo(enforce_eager)}")
+        for name, flag in (("enforce_eager", enforce_eager), ("skip_tokenizer_init", skip_tokenizer_init)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}: expected a bool, got {echo(flag)}")
+        if skip_tokenizer_init and tokenizer is not None:
+            raise ValueError("tokenizer and skip_tokenizer_init=True contradict: give one")
         if not isinstance(model, str) or not model:
             raise ValueError(f"model: expected a preset name or a checkpoint directory (a string), got {echo(model)}")
         self.model_name = model
@@ -135,7 +141,7 @@ class LLM:
         )
         # the last check: joining the group waits for the other ranks
         self.tensor_parallel, self.device = parallel.init_tensor_parallel(tensor_parallel_size, device)
-        self.tokenizer = arguments.load_tokenizer(model, tokenizer)
+        self.tokenizer = None if skip_tokenizer_init else arguments.load_tokenizer(model, tokenizer)
         self.seed = seed
         self.requests = RequestBuilder(
             model,
