@@ -509,3 +509,50 @@ def test_a_batch_no_kv_cache_can_hold_is_one_line_and_exit_2_before_any_work(bat
     assert re.match(
         rf"python -m reference.bench_latency: error: max_num_seqs x max_model_len \({batch_size} x 6\)", err
     )
+
+
+def _interrupted_at(call: int, monkeypatch):
+    """Make the ``call``-th timed run of generates raise KeyboardInterrupt, as Ctrl-C would."""
+    from reference.benchmark import latency
+
+    real, calls = latency.time_calls, []
+
+    def time_calls(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(latency, "time_calls", time_calls)
+
+
+@pytest.mark.eager
+@pytest.mark.breakable
+def test_ctrl_c_keeps_the_table_and_files_of_the_modes_that_finished(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the second mode was a 22-43-line traceback, every finished mode's result lost."""
+    _interrupted_at(2, monkeypatch)
+    out_json = tmp_path / "run.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "llama-tiny", *TINY_RUN, "--modes", "eager,breakable", "--device", "cpu",
+              "--output-json", str(out_json)])  # fmt: skip
+    assert exit_info.value.code == 130  # the shell's code for a run stopped by SIGINT
+    captured = capsys.readouterr()
+    assert "| eager |" in captured.out and "| breakable |" not in captured.out
+    err = captured.err.strip().splitlines()
+    assert err[-1] == "python -m reference.bench_latency: interrupted during breakable: 1 of 2 runs finished"
+    assert "Traceback" not in captured.err
+    doc = json.loads(out_json.read_text())
+    assert [r["mode"] for r in doc["results"]] == ["eager"] and doc["interrupted"] == err[-1].split(": ", 1)[1]
+
+
+@pytest.mark.eager
+def test_ctrl_c_before_any_mode_finished_is_one_line(capsys, monkeypatch):
+    _interrupted_at(1, monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "llama-tiny", *TINY_RUN, "--modes", "eager", "--device", "cpu"])
+    assert exit_info.value.code == 130
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines()[-1] == (
+        "python -m reference.bench_latency: interrupted during eager: 0 of 1 runs finished"
+    )
+    assert "Traceback" not in captured.err and "|" not in captured.out

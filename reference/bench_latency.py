@@ -307,10 +307,11 @@ def main(argv: list[str] | None = None) -> None:
     "same_tokens_as_first", ...}], "env": {"gpu", "cpu" (model name), "cpu_count", "threads" (torch's),
     "load_avg" (after the run) and "load_avg_at_start" (1, 5, 15 min), "gpu_clocks" (MHz, from nvidia-smi),
     "torch", "transformers", "custom_op_kernels" ('triton' | 'torch'), "date", "command"}}``.
-    Times are seconds; ``x_floor`` and ``speedup_vs`` use p50.
+    Times are seconds; ``x_floor`` and ``speedup_vs`` use p50. Ctrl-C keeps the finished modes: their
+    table and files, ``"interrupted"`` saying where it stopped, exit status 130 (nothing finished: one line).
     """
     args = parse_args(argv)
-    from reference.benchmark.latency import run
+    from reference.benchmark.latency import Interrupted, run
     from reference.benchmark.report import markdown_header, markdown_table, write_results
     from reference.models.loader import CheckpointError
 
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, CheckpointError) as err:  # found when a model is compiled, or its weights load
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as err:  # Ctrl-C before any mode finished: nothing to show
+        print(f"{PROG}: {err}", file=sys.stderr)
+        sys.exit(130)
     except ValueError as err:
         if "tensor_parallel_size" not in str(err):
             raise
@@ -337,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     for path in written:
         print(f"wrote {path}", file=sys.stderr)
+    if "interrupted" in doc:  # Ctrl-C: the finished modes are above and in the files
+        print(f"{PROG}: {doc['interrupted']}", file=sys.stderr)
+        sys.exit(130)
 
 
 def _leave_group() -> bool:

@@ -41,6 +41,10 @@ from reference.peers import compile_torch_native
 NO_GRAPHS_WARNING = r"CUDA graphs asked for \(cudagraph_mode="
 
 
+class Interrupted(Exception):
+    """Ctrl-C stopped the run before any mode finished (the message says during which)."""
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark every mode and baseline of ``args`` (the parsed ``bench_latency`` flags); returns the
     results document (described in :func:`reference.bench_latency.main`)."""
@@ -61,75 +65,41 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     reference_tokens = None  # the first mode's output, for the agreement column
     owner: LLM | None = None  # the LLM holding the weights
     weight_bytes = None
-    for mode in args.modes:
-        llm = _build_llm(args, device, owner, **mode_kwargs(mode, args.compilation_config))
-        if owner is None:  # one rank's bytes under tensor parallelism: the ranks read their shards at once
-            owner, weight_bytes, device = llm, weight_bytes_per_decode_step(llm.model), llm.device
-            bandwidth = floor_bandwidth(device)
-            # drawn once the first LLM has checked that its KV cache fits --batch-size prompts
-            generator = torch.Generator().manual_seed(args.seed)
-            prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
-        quiet = owner.tensor_parallel.rank != 0
-        prompts = prompt_ids.tolist()
-        calls = args.num_iters_warmup + args.num_iters
-        label = None if quiet else f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
-            if torch.distributed.is_initialized():
-                torch.distributed.barrier()  # the ranks start timing together
-            times, outputs = time_calls(lambda: llm.generate(prompts, params, use_tqdm=False), device, calls, label)
-        times = times[args.num_iters_warmup :]
-        tokens = [o.outputs[0].token_ids for o in outputs]
-        reference_tokens = reference_tokens or tokens
-        results.append(
-            {
-                "mode": mode,
-                "kind": "engine",
-                "latency_s": latency_stats(times),
-                "iters": len(times),
-                "startup": {
-                    "load_s": llm.load_s,
-                    "compile_s": llm.startup.compile_s,
-                    "capture_s": llm.startup.capture_s,
-                    "graph_gib": llm.startup.graph_gib,
-                    "capture_sizes": list(llm.startup.capture_sizes),
-                    "full_capture_sizes": list(llm.startup.full_capture_sizes),
-                },
-                "compilation_config": llm.config.describe(),
-                "custom_ops": llm.custom_ops,
-                "same_tokens_as_first": _agreement(tokens, reference_tokens),
-            }
-        )
-        if not quiet:
-            print(f"{mode}: p50 {results[-1]['latency_s']['p50']:.4f} s", file=sys.stderr)
-        if llm is not owner:
-            del llm
-            release(device)
-
-    hf_baselines = [name for name in args.baselines if name in HF_BASELINES]
-    hf = build_hf_model(args.model, owner.model) if hf_baselines else None  # one copy for all of them
-    if "torch-native" in args.baselines:
-        results.append(_torch_native(args, device, owner, prompt_ids.tolist(), params, reference_tokens))
-    for name in hf_baselines:
-        baseline = make_baseline(name, hf, args.output_len)
-        input_ids = prompt_ids.to(device)
-        warmup = args.num_iters_warmup_baseline
-        label = f"{name}: {warmup} warm-up + {args.num_iters_baseline} timed generates"
-        times, out = time_calls(lambda: baseline(input_ids), device, warmup + args.num_iters_baseline, label)
-        first_call_s, times = times[0], times[warmup:]  # the first call compiles hf-compile
-        results.append(
-            {
-                "mode": name,
-                "kind": "baseline",
-                "latency_s": latency_stats(times),
-                "iters": len(times),
-                "startup": {"first_call_s": first_call_s},
-                "same_tokens_as_first": _agreement(out.tolist(), reference_tokens),
-            }
-        )
-        print(f"{name}: p50 {results[-1]['latency_s']['p50']:.4f} s", file=sys.stderr)
-    del hf
-    release(device)
+    current = None  # the run under way, for the message if Ctrl-C stops it
+    try:
+        for mode in args.modes:
+            current = mode
+            llm = _build_llm(args, device, owner, **mode_kwargs(mode, args.compilation_config))
+            if owner is None:  # one rank's bytes under tensor parallelism: the ranks read their shards at once
+                owner, weight_bytes, device = llm, weight_bytes_per_decode_step(llm.model), llm.device
+                bandwidth = floor_bandwidth(device)
+                # drawn once the first LLM has checked that its KV cache fits --batch-size prompts
+                generator = torch.Generator().manual_seed(args.seed)
+                prompt_ids = torch.randint(0, vocab, (args.batch_size, args.input_len), generator=generator)  # [B, S]
+            result, tokens = _time_mode(args, mode, llm, prompt_ids.tolist(), params, device)
+            reference_tokens = reference_tokens or tokens
+            result["same_tokens_as_first"] = _agreement(tokens, reference_tokens)
+            results.append(result)
+            if llm is not owner:
+                del llm
+                release(device)
+        hf_baselines = [name for name in args.baselines if name in HF_BASELINES]
+        hf = build_hf_model(args.model, owner.model) if hf_baselines else None  # one copy for all of them
+        if "torch-native" in args.baselines:
+            current = "torch-native"
+            results.append(_torch_native(args, device, owner, prompt_ids.tolist(), params, reference_tokens))
+        for name in hf_baselines:
+            current = name
+            results.append(_hf_baseline(args, name, hf, prompt_ids.to(device), device, reference_tokens))
+        del hf
+        release(device)
+    except KeyboardInterrupt:  # Ctrl-C: keep what finished, say where it stopped
+        runs = len(args.modes) + len(args.baselines)
+        interrupted = f"interrupted during {current}: {len(results)} of {runs} runs finished"
+        if not results:
+            raise Interrupted(interrupted) from None
+    else:
+        interrupted = None
 
     floor = args.output_len * weight_bytes / bandwidth.bytes_per_s if bandwidth else None
     baseline_p50 = {r["mode"]: r["latency_s"]["p50"] for r in results if r["kind"] == "baseline"}
@@ -160,6 +130,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "bandwidth_method": bandwidth.source if bandwidth else None,
         "bandwidth_measured_Bps": bandwidth.measured_bytes_per_s if bandwidth else None,
         "results": results,
+        **({"interrupted": interrupted} if interrupted else {}),
         "env": {
             **machine_info(device),  # gpu, cpu, threads, load average and GPU clocks after the run
             "load_avg_at_start": load_at_start,
@@ -189,6 +160,57 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
             skip_tokenizer_init=True,  # token-id prompts, ignore_eos: a tokenizer would only be a way to fail
             **kwargs,
         )
+
+
+def _time_mode(args, mode: str, llm: LLM, prompts, params, device) -> tuple[dict[str, Any], list[list[int]]]:
+    """Warm-up and timed ``generate`` calls of one mode; its result row (without the agreement column)
+    and the tokens it generated."""
+    quiet = llm.tensor_parallel.rank != 0
+    calls = args.num_iters_warmup + args.num_iters
+    label = None if quiet else f"{mode}: {args.num_iters_warmup} warm-up + {args.num_iters} timed generates"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # the ranks start timing together
+        times, outputs = time_calls(lambda: llm.generate(prompts, params, use_tqdm=False), device, calls, label)
+    times = times[args.num_iters_warmup :]
+    result = {
+        "mode": mode,
+        "kind": "engine",
+        "latency_s": latency_stats(times),
+        "iters": len(times),
+        "startup": {
+            "load_s": llm.load_s,
+            "compile_s": llm.startup.compile_s,
+            "capture_s": llm.startup.capture_s,
+            "graph_gib": llm.startup.graph_gib,
+            "capture_sizes": list(llm.startup.capture_sizes),
+            "full_capture_sizes": list(llm.startup.full_capture_sizes),
+        },
+        "compilation_config": llm.config.describe(),
+        "custom_ops": llm.custom_ops,
+    }
+    if not quiet:
+        print(f"{mode}: p50 {result['latency_s']['p50']:.4f} s", file=sys.stderr)
+    return result, [o.outputs[0].token_ids for o in outputs]
+
+
+def _hf_baseline(args, name: str, hf, input_ids: torch.Tensor, device, reference_tokens) -> dict[str, Any]:
+    """A transformers ``generate`` baseline (``hf-eager``, ``hf-compile``) on the same weights."""
+    baseline = make_baseline(name, hf, args.output_len)
+    warmup = args.num_iters_warmup_baseline
+    label = f"{name}: {warmup} warm-up + {args.num_iters_baseline} timed generates"
+    times, out = time_calls(lambda: baseline(input_ids), device, warmup + args.num_iters_baseline, label)
+    first_call_s, times = times[0], times[warmup:]  # the first call compiles hf-compile
+    print(f"{name}: p50 {latency_stats(times)['p50']:.4f} s", file=sys.stderr)
+    return {
+        "mode": name,
+        "kind": "baseline",
+        "latency_s": latency_stats(times),
+        "iters": len(times),
+        "startup": {"first_call_s": first_call_s},
+        "same_tokens_as_first": _agreement(out.tolist(), reference_tokens),
+    }
 
 
 def _torch_native(args, device, owner: LLM, prompts, params, reference_tokens) -> dict[str, Any]:
