@@ -184,6 +184,66 @@ def test_eos_ends_the_sequence_unless_ignore_eos():
     assert (ignored.token_ids, ignored.finish_reason) == (free, "length")
 
 
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def stop_case():
+    """An eager llama-tiny LLM, two prompts and each one's first MAX_TOKENS greedy tokens (no stopping)."""
+    llm = make_llm("llama-tiny", "eager")
+    a, b = ragged_prompts(3, llm.vocab_size)[1:]
+    return llm, a, b, _first_tokens(llm, a, MAX_TOKENS), _first_tokens(llm, b, MAX_TOKENS)
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize("position", range(MAX_TOKENS))
+def test_a_stop_token_at_any_position_ends_the_sequence_there_and_the_other_goes_on(stop_case, position):
+    """Position 0 is the prefill's token, the last one reaches max_tokens as it stops (still 'stop', with
+    its reason, as in vLLM); in between, the decode loop reads each step's tokens one step late, so the
+    stopped sequence runs one more step whose token must be dropped while the other sequence goes on."""
+    llm, a, b, free_a, free_b = stop_case
+    stop = free_a[position]
+    if stop in free_a[:position] or stop in free_b:
+        pytest.skip(f"token {stop} also comes earlier in A or in B: no clean boundary at {position}")
+    out_a, out_b = (
+        o.outputs[0] for o in llm.generate([a, b], greedy(MAX_TOKENS, stop_token_ids=[stop]), use_tqdm=False)
+    )
+    assert (out_a.token_ids, out_a.finish_reason, out_a.stop_reason) == (free_a[: position + 1], "stop", stop)
+    assert (out_b.token_ids, out_b.finish_reason, out_b.stop_reason) == (free_b, "length", None)
+
+
+@pytest.mark.eager
+def test_eos_wins_over_a_stop_token_that_is_also_eos_unless_ignore_eos(stop_case):
+    """vLLM checks EOS first: a token that is EOS and in stop_token_ids stops with stop_reason None; with
+    ignore_eos it is only a stop token, and is reported as the reason."""
+    llm, a, _, free_a, _ = stop_case
+    token = free_a[2]
+    eos = llm.requests.eos_token_ids
+    llm.requests.eos_token_ids = frozenset({token})
+    try:
+        as_eos = llm.generate([a], greedy(MAX_TOKENS, stop_token_ids=[token]), use_tqdm=False)[0].outputs[0]
+        ignored = llm.generate([a], greedy(MAX_TOKENS, stop_token_ids=[token], ignore_eos=True), use_tqdm=False)
+    finally:
+        llm.requests.eos_token_ids = eos
+    end = free_a.index(token) + 1
+    assert (as_eos.token_ids, as_eos.finish_reason, as_eos.stop_reason) == (free_a[:end], "stop", None)
+    out = ignored[0].outputs[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (free_a[:end], "stop", token)
+
+
+@pytest.mark.eager
+def test_min_tokens_allows_a_stop_token_exactly_from_its_count_on(stop_case):
+    """With min_tokens=m the (m+1)-th token may stop the sequence; with m+1 it may not."""
+    llm, a, b, free_a, _ = stop_case
+    m = next(i for i in range(1, MAX_TOKENS - 1) if free_a[i] not in free_a[:i])
+    stop = free_a[m]
+    allowed = llm.generate([a], greedy(MAX_TOKENS, stop_token_ids=[stop], min_tokens=m), use_tqdm=False)
+    assert allowed[0].outputs[0].token_ids == free_a[: m + 1]
+    banned = llm.generate([a], greedy(MAX_TOKENS, stop_token_ids=[stop], min_tokens=m + 1), use_tqdm=False)
+    tokens = banned[0].outputs[0].token_ids
+    assert tokens[:m] == free_a[:m] and tokens[m] != stop
+
+
 @pytest.mark.eager
 def test_min_tokens_keeps_stop_tokens_from_being_sampled_early():
     llm = make_llm("llama-tiny", "eager")

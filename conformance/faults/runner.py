@@ -83,6 +83,35 @@ def _without(method: str, field: str, value):
     return run
 
 
+def _checks_in_order(*checks: str):
+    """``LLM._append`` testing the end of a sequence in ``checks``' order ('eos', 'stop', 'length')."""
+
+    def append(self, requests, tokens):
+        for r, token in zip(requests, tokens):
+            if r.finish_reason is not None:
+                continue
+            r.output.append(token)
+            for check in checks:
+                if check == "eos" and not r.params.ignore_eos and token in self.requests.eos_token_ids:
+                    r.finish_reason = "stop"
+                elif check == "stop" and token in r.params.stop_token_ids:
+                    r.finish_reason, r.stop_reason = "stop", token
+                elif check == "length" and len(r.output) >= r.params.max_tokens:
+                    r.finish_reason = "length"
+                if r.finish_reason is not None:
+                    break
+
+    return append
+
+
+_real_sample = LLM._sample
+
+
+def _min_tokens_one_too_many(self, requests, logits, counts):
+    """Stop tokens stay banned one token longer than min_tokens says (``count <= min_tokens``)."""
+    return _real_sample(self, requests, logits, [c - 1 for c in counts])
+
+
 def _survivors_by_batch_position(sampled, keep):
     """The next decode step feeds the first ``len(keep)`` samples instead of the survivors' own: once a
     sequence finishes, the ones after it continue from their neighbours' tokens."""
@@ -166,5 +195,28 @@ FAULTS = [
         description="min_tokens does not keep EOS and stop tokens from being sampled early",
         plant=patches(mock.patch.object(LLM, "_sample", _without("_sample", "min_tokens", 0))),
         tests="test_min_tokens_keeps_stop_tokens_from_being_sampled_early",
+    ),
+    Fault(
+        id="length-checked-before-stop-token",
+        kind="engine",
+        description="a stop token that is also the max_tokens-th token is reported as finish_reason 'length' "
+        "with no stop_reason (vLLM reports 'stop' and the token)",
+        plant=patches(mock.patch.object(LLM, "_append", _checks_in_order("length", "eos", "stop"))),
+        tests="test_a_stop_token_at_any_position_ends_the_sequence_there",
+    ),
+    Fault(
+        id="stop-token-checked-before-eos",
+        kind="engine",
+        description="a token that is both EOS and a stop token is reported with the stop token as its reason "
+        "(vLLM checks EOS first: no stop_reason)",
+        plant=patches(mock.patch.object(LLM, "_append", _checks_in_order("stop", "eos", "length"))),
+        tests="test_eos_wins_over_a_stop_token_that_is_also_eos",
+    ),
+    Fault(
+        id="min-tokens-one-too-many",
+        kind="engine",
+        description="min_tokens bans stop tokens while count <= min_tokens, one token longer than asked",
+        plant=patches(mock.patch.object(LLM, "_sample", _min_tokens_one_too_many)),
+        tests="test_min_tokens_allows_a_stop_token_exactly_from_its_count_on",
     ),
 ]

@@ -314,16 +314,18 @@ class LLM:
         return sample(logits, [r.params for r in requests], [r.generator for r in requests])
 
     def _append(self, requests: list[Request], tokens: list[int]) -> None:
-        """Append each request's new token and check for the end; requests already finished (their token
-        came from the step after their last) are left as they are."""
+        """Append each request's new token and check for the end, in vLLM's order: EOS (unless
+        ``ignore_eos``; no stop reason), then ``stop_token_ids`` (the token is the reason), then
+        ``max_tokens``. Requests already finished (their token came from the step after their last) are
+        left as they are."""
         for r, token in zip(requests, tokens):
             if r.finish_reason is not None:
                 continue
             r.output.append(token)
-            if token in r.params.stop_token_ids:
-                r.finish_reason, r.stop_reason = "stop", token
-            elif not r.params.ignore_eos and token in self.requests.eos_token_ids:
+            if not r.params.ignore_eos and token in self.requests.eos_token_ids:
                 r.finish_reason = "stop"
+            elif token in r.params.stop_token_ids:
+                r.finish_reason, r.stop_reason = "stop", token
             elif len(r.output) >= r.params.max_tokens:
                 r.finish_reason = "length"
 
