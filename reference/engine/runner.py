@@ -348,8 +348,9 @@ class ModelRunner:
     # ------------------------------------------------------------------ start-up
     @torch.inference_mode()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> StartupStats:
-        """Compile (first call) and, on CUDA, capture every piecewise size (but 1 when full graphs serve
-        it), then every full-graph size, largest first; returns the costs.
+        """Compile (first call, and a 1-token call where steps may have one token and no capture below
+        makes one) and, on CUDA, capture every piecewise size (but 1 when full graphs serve it), then every
+        full-graph size, largest first; returns the costs.
 
         Capturing the largest size first lets smaller sizes reuse its pool memory.
 
@@ -360,12 +361,18 @@ class ModelRunner:
         """
         report = progress or (lambda stage: None)
         first = max(self.capture_sizes, default=min(self.max_num_tokens, max(2, self.max_num_seqs)))
+        piecewise = self.piecewise_warm_up_sizes
+        captures_one_token = self.use_cuda_graphs and (1 in piecewise or 1 in self.full_sizes)
+        sees_one_token = 1 in self.capture_sizes or 1 in self.full_sizes or not (self.capture_sizes or self.full_sizes)
         report("compile")
         start = time.perf_counter()
         self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
+        if self.config.level > 0 and sees_one_token and not captures_one_token:
+            # Dynamo specializes a 1-token call: an implementation that keeps Dynamo's guards (torch-native)
+            # compiles a second graph for it, here rather than at the first 1-token step it serves
+            self._dummy_step(1)
         self._sync()
         self.startup.compile_s = time.perf_counter() - start
-        piecewise = self.piecewise_warm_up_sizes
         if self.use_cuda_graphs and (piecewise or self.full_sizes):
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
