@@ -19,19 +19,22 @@ survived). Arguments after ``--`` go to the two pytest runs of the suite (``tox 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from xml.etree import ElementTree
+
+from reference.benchmark.cli import OneLineParser
+from reference.benchmark.report import write_whole
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [sys.executable, "-m", "pytest"]
@@ -68,17 +71,26 @@ def _steps(device: str, scratch: Path, pytest_args: list[str]) -> list[tuple[str
 
 
 def _run_step(name: str, command: list[str], scratch: Path) -> dict:
-    """Run one step, its output passed through; returns its entry of the record."""
+    """Run one step, its output passed through; returns its entry of the record.
+
+    The step runs in a process group of its own, which is ended whole (its xdist workers, torchrun's
+    processes) if the driver is interrupted or terminated.
+    """
     print(f"\n=== {name}: {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they come, also when the run is cut short
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
     last_lines: list[str] = []
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        last_lines = (last_lines + [line.rstrip()])[-5:]
-    exit_status = proc.wait()
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            last_lines = (last_lines + [line.rstrip()])[-5:]
+        exit_status = proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM (see main): no step may outlive the driver
+        _end_group(proc)
+        raise
     seconds = time.perf_counter() - start
     entry = {"step": name, "command": shlex.join(command), "seconds": round(seconds, 1), "exit": exit_status}
     if name == "faults":
@@ -88,6 +100,24 @@ def _run_step(name: str, command: list[str], scratch: Path) -> dict:
         entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
     print(f"=== {name}: exit {exit_status} in {seconds:.0f} s", flush=True)
     return entry
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the step's process group, SIGKILL to what is left of it after 10 s."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through _run_step, which ends the step's processes
 
 
 def _commit() -> str:
@@ -108,15 +138,25 @@ def _commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m conformance.run_record", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m conformance.run_record", description=__doc__.splitlines()[0])
     parser.add_argument("--record", required=True, metavar="PATH", help="where to write the run record (JSON)")
     args = parser.parse_args(own)
     record_path = Path(args.record)
+    if not args.record.strip():
+        parser.error("--record: empty; give a file path")
     if not record_path.parent.is_dir():
         parser.error(f"--record {args.record}: its folder does not exist")
+    if record_path.is_dir():
+        parser.error(f"--record {args.record}: is a folder; give a file path")
     import torch  # here: argument errors stay instant
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if os.environ.get("REFERENCE_REQUIRE_CUDA", "0") not in ("0", "") and device == "cpu":
+        parser.error(
+            f"REFERENCE_REQUIRE_CUDA={os.environ['REFERENCE_REQUIRE_CUDA']} but torch {torch.__version__} sees no "
+            "CUDA device; run on a GPU machine, or set REFERENCE_REQUIRE_CUDA=0 for a CPU rehearsal"
+        )
+    signal.signal(signal.SIGTERM, _terminated)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         steps = [_run_step(name, command, Path(tmp)) for name, command in _steps(device, Path(tmp), pytest_args)]
@@ -132,13 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": round(time.perf_counter() - start, 1),
         "ok": all(step["exit"] == 0 for step in steps),
     }
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\n=== run record {record_path}")
+    print("\n=== summary")  # printed before the record is written, so a failed write loses neither
     for step in steps:
         counts = step.get("tests") or step.get("faults") or {}
         print(f"{step['step']:>14}: exit {step['exit']}, {step['seconds']:6.1f} s, "
               + ", ".join(f"{v} {k}" for k, v in counts.items()))  # fmt: skip
     print(f"{'total':>14}: {record['total_seconds']:.1f} s, {'ok' if record['ok'] else 'FAILED'}", flush=True)
+    try:
+        write_whole(record_path, json.dumps(record, indent=2) + "\n")
+    except OSError as err:
+        print(f"python -m conformance.run_record: cannot write the record {record_path} ({err.strerror or err})")
+        return 1
+    print(f"=== run record {record_path}", flush=True)
     return 0 if record["ok"] else 1
 
 

@@ -67,6 +67,9 @@ def test_the_suite_catches(fault):
         (["--only", "no-such-fault"], r"--only: unknown fault\(s\) \['no-such-fault'\]; --list prints the ids"),
         (["--jobs", "0"], "--jobs: must be at least 1, got 0"),
         (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["--only", ""], r"--only: empty; give comma-separated ids"),  # ran the whole catalogue
+        (["--list", "--jobs", "0"], "--jobs: must be at least 1, got 0"),  # --list skipped every check
+        (["--list", "--only", "nope"], r"--only: unknown fault\(s\) \['nope'\]"),
     ],
 )
 def test_bad_arguments_are_one_line_with_exit_2(argv, message, capsys):
@@ -80,3 +83,9 @@ def test_bad_arguments_are_one_line_with_exit_2(argv, message, capsys):
 def test_list_prints_each_fault_id_for_the_device(capsys):
     assert faults_main(["--list", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.split() == [f.id for f in FAULTS if f.device == "cpu"]
+
+
+def test_list_prints_only_the_faults_only_names(capsys):
+    ids = [f.id for f in CPU_FAULTS[:2]]
+    assert faults_main(["--list", "--only", ",".join(reversed(ids))]) == 0
+    assert capsys.readouterr().out.split() == ids  # the catalogue's order

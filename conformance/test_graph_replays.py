@@ -1,12 +1,13 @@
 """Peer faithfulness: once warmed up, a graph mode's steps replay the graphs captured at start-up.
 
 A step that quietly re-records, recompiles or runs without its graph still returns the right logits, so
-no equivalence rule sees it; it only shows as a slower step (the torch-native peer once ran 2x slower
-for weeks: a view of the runner's whole input buffer made Dynamo recompile at the first decode step).
+no equivalence rule sees it; it only shows as a slower step (the torch-native peer once ran 1.8x slower
+unnoticed: a view of the runner's whole input buffer made Dynamo recompile at the first decode step).
 The implementation's own account of each graph-able call (``impl.replay_probe()``, capability
 ``replays``) must show, over a prefill and device- and host-fed decode steps at capture sizes: no new
 recording, no run without a graph, no recompile, no piece skipped, and on CUDA at least one replay per
-step; one of the steps has a single token, which Dynamo specializes (a second graph, due at warm-up). On a CPU nothing is captured, so the rule there is: no recompile, no recording, nothing skipped.
+step. One step has a single token, which Dynamo specializes (a second graph, due at warm-up). On a CPU
+nothing is captured, so the rule there is: no recompile, no recording, nothing skipped.
 """
 
 from __future__ import annotations

@@ -4,9 +4,15 @@ record holds each step's exit status and counts, so a closing note can quote one
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from conformance import run_record
 
@@ -58,3 +64,66 @@ def test_a_record_in_a_missing_folder_is_refused_before_anything_runs(tmp_path, 
         run_record.main(["--record", str(tmp_path / "missing" / "record.json")])
     assert exit_info.value.code == 2
     assert "--record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where, message", [("", "empty"), (".", "is a folder")], ids=["empty", "a_folder"])
+def test_a_record_path_that_cannot_take_the_record_is_refused_before_anything_runs(tmp_path, where, message, capsys):
+    """Found only at the end of a 15-minute run, it was a traceback that lost the summary too."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_record.main(["--record", str(tmp_path / where) if where else ""])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--record" in err[0] and message in err[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_asked_for_cuda_without_one_it_stops_before_any_step(monkeypatch, tmp_path, capsys):
+    """tox -e gpu on a machine without a GPU must stop at once, not run the CPU fault catalogue first."""
+    monkeypatch.setenv("REFERENCE_REQUIRE_CUDA", "1")
+    monkeypatch.setattr(run_record, "_run_step", lambda *args: pytest.fail("a step ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        run_record.main(["--record", str(tmp_path / "record.json")])
+    assert exit_info.value.code == 2
+    assert "REFERENCE_REQUIRE_CUDA=1 but torch" in capsys.readouterr().err
+
+
+DRIVER_WITH_A_LONG_STEP = """
+import sys
+from conformance import run_record
+child = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
+run_record._steps = lambda device, scratch, args: [("faults", [sys.executable, "-c", child])]
+run_record.main(["--record", sys.argv[1]])
+"""
+
+
+@pytest.mark.slow
+def test_a_terminated_run_ends_its_steps_processes(tmp_path):
+    """A driver killed by its process id (a tox interrupt, a CI timeout) left pytest, its xdist workers and
+    torchrun running on the GPU."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER_WITH_A_LONG_STEP, str(tmp_path / "record.json")],
+        cwd=run_record.ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    grandchild = None
+    for line in driver.stdout:  # the step's first line is the sleeping grandchild's pid
+        if line.strip().isdigit():
+            grandchild = int(line)
+            break
+    driver.send_signal(signal.SIGTERM)
+    driver.wait(timeout=30)
+    assert driver.returncode != 0
+    deadline = time.monotonic() + 15
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(grandchild), f"the step's process {grandchild} outlived the driver"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited; only its parent has not collected it yet
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

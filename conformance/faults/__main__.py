@@ -25,15 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m conformance.faults", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=2, help="faults run at once (default: %(default)s)")
-    parser.add_argument("--only", default="", help="comma-separated fault ids (default: every fault for the device)")
-    parser.add_argument("--list", action="store_true", help="print the ids of the device's faults and exit")
+    parser.add_argument("--only", default=None, help="comma-separated fault ids (default: every fault for the device)")
+    parser.add_argument("--list", action="store_true", help="print the device's fault ids (or --only's) and exit")
     args = parser.parse_args(argv)
-    if args.list:
-        print("\n".join(f.id for f in FAULTS if args.device == "cuda" or f.device == "cpu"))
-        return 0
     if args.jobs < 1:
         parser.error(f"--jobs: must be at least 1, got {args.jobs}")
-    only = {f.strip() for f in args.only.split(",")} if args.only.strip() else set()
+    if args.only is not None and not args.only.strip():
+        parser.error("--only: empty; give comma-separated ids")
+    only = {f.strip() for f in args.only.split(",")} if args.only is not None else set()
     if "" in only:
         parser.error(f"--only: an empty fault id in {args.only!r}; give comma-separated ids")
     unknown = only - {f.id for f in FAULTS}
@@ -42,12 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     needs_cuda = sorted(f.id for f in FAULTS if f.id in only and f.device == "cuda" and args.device == "cpu")
     if needs_cuda:
         parser.error(f"--only: {needs_cuda} show only on a GPU; run them with --device cuda")
+    faults = [f for f in FAULTS if (args.device == "cuda" or f.device == "cpu") and (not only or f.id in only)]
+    if args.list:  # what a run would run, on a machine with or without the device
+        print("\n".join(f.id for f in faults))
+        return 0
     if args.device == "cuda":
         import torch  # here, not at the top: --help and argument errors stay instant
 
         if not torch.cuda.is_available():
             parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
-    faults = [f for f in FAULTS if (args.device == "cuda" or f.device == "cpu") and (not only or f.id in only)]
     # The parallel faults' tests start torchrun processes and take 3-5x as long as the others (65-71 s against
     # 12-20 s on the H200): started first, they run beside the rest instead of after them.
     shared = sorted((f for f in faults if not f.alone), key=lambda f: f.kind != "parallel")
