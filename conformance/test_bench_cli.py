@@ -209,6 +209,11 @@ BAD_FLAGS = [
         "-O.cudagraph_capture_sizes given twice",
         id="field-given-twice",
     ),
+    pytest.param(  # the field's value beat the whole config's silently, whichever came first
+        ["--compilation-config", '{"debug_cudagraph_outputs": true}', "-O.debug_cudagraph_outputs=false"],
+        r"debug_cudagraph_outputs given twice \(in --compilation-config and as -O.debug_cudagraph_outputs",
+        id="field-in-the-config-and-dotted",
+    ),
     pytest.param(
         ["-O", '{"cudagraph_capture_sizes": [1, 2], "cudagraph_capture_sizes": [4]}'],
         "compilation config: key 'cudagraph_capture_sizes' given twice",
@@ -391,9 +396,12 @@ def test_the_clis_dtype_names_are_the_engines():
             ["-O.cudagraph_capture_sizes=[1, 2]", "-cc.custom_ops=['none']"],
             {"cudagraph_capture_sizes": [1, 2], "custom_ops": ["none"]},
         ),
-        (["--compilation-config", "{'custom_ops': ['all']}", "-O.custom_ops=['none']"], {"custom_ops": ["none"]}),
+        (
+            ["--compilation-config", "{'custom_ops': ['none']}", "-O.cudagraph_capture_sizes=[4]"],
+            {"custom_ops": ["none"], "cudagraph_capture_sizes": [4]},
+        ),
     ],
-    ids=["O3", "O-space-3", "cc-dict", "dotted-fields", "dotted-over-a-whole-config"],
+    ids=["O3", "O-space-3", "cc-dict", "dotted-fields", "dotted-with-a-whole-config"],
 )
 def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
     args = parse_args(["--model", "toy-llama", "--modes", "inductor", *argv])

@@ -9,6 +9,7 @@ read by attention, a key written to the wrong cache slot, a stale position) move
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -190,7 +191,13 @@ BAD_STEPS = [
     ),
     pytest.param([], [], [], r"a step takes 1..20 tokens \(max_num_batched_tokens\), got 0", id="no_tokens"),
     pytest.param([[1, 2, 3]], [14], [0], r"seq_len \(17\) <= max_model_len \(16\)", id="past_max_model_len"),
-    pytest.param([[1], []], [0, 0], [0, 1], r"need 0 < query_len \(0\)", id="empty_sequence"),
+    pytest.param([[1], []], [0, 0], [0, 1], r"^new_tokens\[1\]: empty; a sequence takes at least one", id="empty_sequence"),
+    # what is not an int token id is named, never truncated to one (1.5 ran as id 1) nor a bare TypeError
+    pytest.param([[1, 1.5]], [0], [0], r"^new_tokens\[0\]\[1\]: expected an int token id, got 1\.5$", id="float_id"),
+    pytest.param([[True]], [0], [0], r"^new_tokens\[0\]\[0\]: expected an int token id, got True$", id="bool_id"),
+    pytest.param([[float("nan")]], [0], [0], r"^new_tokens\[0\]\[0\]: expected an int token id", id="nan_id"),
+    pytest.param([[2, None]], [0], [0], r"^new_tokens\[0\]\[1\]: expected an int token id, got None$", id="none_id"),
+    pytest.param([1, 2], [0, 0], [0, 1], r"^new_tokens\[0\]: expected a list of token ids, got 1$", id="flat_list"),
     pytest.param([[1], [2]], [0], [0, 1], "one entry per sequence", id="fewer_context_lens_than_sequences"),
     pytest.param([[1], [2]], [0, 0], [0], "one entry per sequence", id="fewer_rows_than_sequences"),
     pytest.param([[1]], [0, 0], [0], "one entry per sequence", id="more_context_lens_than_sequences"),
@@ -217,6 +224,13 @@ BAD_STEPS = [
         id="token_id_past_vocab_in_the_second_sequence",
     ),
 ]
+
+
+@pytest.mark.eager
+def test_numpy_integer_token_ids_are_token_ids(impl):
+    runner = make_runner(impl, "eager", HF, max_num_seqs=2, max_model_len=16, max_num_batched_tokens=20)
+    as_ints = runner.step([[5, 6]], [0], [1])
+    torch.testing.assert_close(runner.step([[np.int64(5), np.int32(6)]], [0], [1]), as_ints, rtol=0, atol=0)
 
 
 @pytest.mark.eager

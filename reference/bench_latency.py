@@ -12,7 +12,8 @@ runs at exactly ``batch_size`` tokens, and a prefill of up to 512 tokens replays
 
 vLLM's spellings of the config flag work too: ``-cc`` for ``--compilation-config``, ``-O3`` (a level digit,
 like ``--compilation-config 3``) and ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` for one field (VALUE read as
-JSON or a Python literal, else as a string; several merge, and go over a whole ``--compilation-config``).
+JSON or a Python literal, else as a string; several merge, with a whole ``--compilation-config`` too, each
+field given once).
 
 Only argparse and reference.config are imported before the flags are parsed, so ``--help`` and usage
 errors answer at once; torch, transformers and the models load after.

@@ -25,13 +25,14 @@ def _field_value(text: str) -> Any:
 
 def expand_vllm_spellings(argv: list[str]) -> list[str]:
     """``argv`` with vLLM's shorthands spelled out: ``-O3`` -> ``--compilation-config 3``, and every
-    ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` merged into one ``--compilation-config`` (over a whole one
-    given too). ``-cc VALUE`` is an alias argparse knows.
+    ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` merged into one ``--compilation-config`` (with a whole one
+    given too, each field set once). ``-cc VALUE`` is an alias argparse knows.
 
     Raises:
         ConfigError: ``-O.FIELD`` without ``=VALUE``, or a whole config that is not a dict; a whole config
-            (``-O VALUE``, ``-O3``, ``-cc``, ``--compilation-config``) or one ``-O.FIELD`` given twice, where
-            all but the last would be dropped without a word.
+            (``-O VALUE``, ``-O3``, ``-cc``, ``--compilation-config``) or one field given twice (as two
+            ``-O.FIELD``, or in the whole config and as ``-O.FIELD``), where all but one would be dropped
+            without a word.
     """
     out, dotted, wholes = [], {}, []
     args = iter(argv)
@@ -59,5 +60,10 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
     whole = wholes[0] if wholes else None
     if dotted:
         fields = config_fields(whole) if whole is not None else {}
+        twice = sorted(set(fields) & set(dotted), key=str)
+        if twice:
+            raise ConfigError(
+                f"{twice[0]} given twice (in --compilation-config and as -O.{twice[0]}); give each field once"
+            )
         whole = repr({**fields, **dotted})
     return out + (["--compilation-config", whole] if whole is not None else [])

@@ -29,6 +29,7 @@ import bisect
 import collections
 import dataclasses
 import itertools
+import numbers
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from torch import nn
 
 from reference.compilation import compile_model
 from reference.config import CompilationConfig, ConfigError
+from reference.config.parsing import echo
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
@@ -264,6 +266,7 @@ class ModelRunner:
             self._check_device_tokens(new_tokens, rows)
             ids, query_lens = [], [1] * len(rows)  # ids stay on the device
         else:
+            self._check_host_tokens(new_tokens)
             ids = [t for seq in new_tokens for t in seq]
             query_lens = [len(seq) for seq in new_tokens]
         n = sum(query_lens)
@@ -274,11 +277,6 @@ class ModelRunner:
                 f"new_tokens ({len(query_lens)}), context_lens ({len(context_lens)}) and rows ({len(rows)}): "
                 "expected one entry per sequence in each"
             )
-        if not on_device and (min(ids) < 0 or max(ids) >= self.vocab_size):
-            # checked here: the embedding would index out of range (a device-side assert on CUDA)
-            vocab = range(self.vocab_size)
-            i, j = next((i, j) for i, seq in enumerate(new_tokens) for j, t in enumerate(seq) if t not in vocab)
-            raise ValueError(self._outside_message(f"new_tokens[{i}][{j}]", new_tokens[i][j]))
         if len(set(rows)) != len(rows) or not all(0 <= r < self.max_num_seqs for r in rows):
             # checked here: a bad row would index past the KV cache (a device-side assert on CUDA)
             raise ValueError(
@@ -316,6 +314,28 @@ class ModelRunner:
         self.last_dispatch = dispatch
         self.dispatch_counts[dispatch.runtime_mode] += 1
         return hidden[:n], None if uniform_decode else last_rows_tensor
+
+    def _check_host_tokens(self, new_tokens) -> None:
+        """Host lists: a non-empty list per sequence of int ids (numpy's too) inside the vocabulary.
+
+        Checked here: a float would be truncated to another id without a word, and an id past the
+        vocabulary would index out of the embedding (a device-side assert on CUDA).
+
+        Raises:
+            ValueError: naming ``new_tokens[i]`` or ``new_tokens[i][j]`` and what is wrong there.
+        """
+        for i, seq in enumerate(new_tokens):
+            if not isinstance(seq, (list, tuple)):
+                raise ValueError(f"new_tokens[{i}]: expected a list of token ids, got {echo(seq)}")
+            if not seq:
+                raise ValueError(f"new_tokens[{i}]: empty; a sequence takes at least one new token per step")
+            if all(type(t) is int for t in seq) and min(seq) >= 0 and max(seq) < self.vocab_size:
+                continue  # the usual case, without a Python check per token
+            for j, token in enumerate(seq):
+                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                    raise ValueError(f"new_tokens[{i}][{j}]: expected an int token id, got {echo(token)}")
+                if not 0 <= token < self.vocab_size:
+                    raise ValueError(self._outside_message(f"new_tokens[{i}][{j}]", token))
 
     def _check_device_tokens(self, tokens: torch.Tensor, rows: list[int]) -> None:
         """A decode step's token tensor must be [len(rows)] int64 on the model's device (and, on a CPU,
