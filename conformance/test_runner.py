@@ -191,7 +191,9 @@ BAD_STEPS = [
     ),
     pytest.param([], [], [], r"a step takes 1..20 tokens \(max_num_batched_tokens\), got 0", id="no_tokens"),
     pytest.param([[1, 2, 3]], [14], [0], r"seq_len \(17\) <= max_model_len \(16\)", id="past_max_model_len"),
-    pytest.param([[1], []], [0, 0], [0, 1], r"^new_tokens\[1\]: empty; a sequence takes at least one", id="empty_sequence"),
+    pytest.param(
+        [[1], []], [0, 0], [0, 1], r"^new_tokens\[1\]: empty; a sequence takes at least one", id="empty_sequence"
+    ),
     # what is not an int token id is named, never truncated to one (1.5 ran as id 1) nor a bare TypeError
     pytest.param([[1, 1.5]], [0], [0], r"^new_tokens\[0\]\[1\]: expected an int token id, got 1\.5$", id="float_id"),
     pytest.param([[True]], [0], [0], r"^new_tokens\[0\]\[0\]: expected an int token id, got True$", id="bool_id"),
