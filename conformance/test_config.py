@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from reference.config import CompilationConfig, ConfigError, default_capture_sizes
@@ -149,6 +150,8 @@ WRONG_VALUES = [
     ("use_inductor", "false", "use_inductor: expected bool, got str 'false'"),
     ("use_inductor", 1, "use_inductor: expected bool, got int 1"),
     ("debug_cudagraph_addresses", 1, "debug_cudagraph_addresses: expected bool"),
+    # numpy 2's bool is named bool too: "expected bool, got bool" read as a contradiction
+    ("debug_cudagraph_outputs", np.bool_(True), r"debug_cudagraph_outputs: expected bool, got numpy.bool np.True_"),
     ("custom_ops", "all", "custom_ops: expected a list of strings, got 'all'"),
     ("custom_ops", ["all", 1], "custom_ops: expected a list of strings, got item 1"),
     ("splitting_ops", "reference::attention", "splitting_ops: expected a list of strings"),

@@ -94,7 +94,9 @@ def config_fields(value: Mapping[str, Any] | str | int | None) -> dict[str, Any]
 
 def check_type(name: str, value: Any, typ: type) -> None:
     if not isinstance(value, typ):
-        raise ConfigError(f"{name}: expected {typ.__name__}, got {type(value).__name__} {echo(value)}")
+        kind = type(value)  # module-qualified outside builtins: numpy 2's bool is called bool too
+        got = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise ConfigError(f"{name}: expected {typ.__name__}, got {got} {echo(value)}")
 
 
 def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
