@@ -29,7 +29,6 @@ import bisect
 import collections
 import dataclasses
 import itertools
-import numbers
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from torch import nn
 
 from reference.compilation import compile_model
 from reference.config import CompilationConfig, ConfigError
-from reference.config.parsing import echo
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
+from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
 from reference.ops.attention_metadata import int_lists_to_device
@@ -263,10 +262,10 @@ class ModelRunner:
         """
         on_device = isinstance(new_tokens, torch.Tensor)
         if on_device:
-            self._check_device_tokens(new_tokens, rows)
+            check_device_tokens(new_tokens, len(rows), self.vocab_size, self.device)
             ids, query_lens = [], [1] * len(rows)  # ids stay on the device
         else:
-            self._check_host_tokens(new_tokens)
+            check_host_tokens(new_tokens, self.vocab_size)
             ids = [t for seq in new_tokens for t in seq]
             query_lens = [len(seq) for seq in new_tokens]
         n = sum(query_lens)
@@ -314,50 +313,6 @@ class ModelRunner:
         self.last_dispatch = dispatch
         self.dispatch_counts[dispatch.runtime_mode] += 1
         return hidden[:n], None if uniform_decode else last_rows_tensor
-
-    def _check_host_tokens(self, new_tokens) -> None:
-        """Host lists: a non-empty list per sequence of int ids (numpy's too) inside the vocabulary.
-
-        Checked here: a float would be truncated to another id without a word, and an id past the
-        vocabulary would index out of the embedding (a device-side assert on CUDA).
-
-        Raises:
-            ValueError: naming ``new_tokens[i]`` or ``new_tokens[i][j]`` and what is wrong there.
-        """
-        for i, seq in enumerate(new_tokens):
-            if not isinstance(seq, (list, tuple)):
-                raise ValueError(f"new_tokens[{i}]: expected a list of token ids, got {echo(seq)}")
-            if not seq:
-                raise ValueError(f"new_tokens[{i}]: empty; a sequence takes at least one new token per step")
-            if all(type(t) is int for t in seq) and min(seq) >= 0 and max(seq) < self.vocab_size:
-                continue  # the usual case, without a Python check per token
-            for j, token in enumerate(seq):
-                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-                    raise ValueError(f"new_tokens[{i}][{j}]: expected an int token id, got {echo(token)}")
-                if not 0 <= token < self.vocab_size:
-                    raise ValueError(self._outside_message(f"new_tokens[{i}][{j}]", token))
-
-    def _check_device_tokens(self, tokens: torch.Tensor, rows: list[int]) -> None:
-        """A decode step's token tensor must be [len(rows)] int64 on the model's device (and, on a CPU,
-        inside the vocabulary).
-
-        Raises:
-            ValueError: naming what differs.
-        """
-        if tokens.shape != (len(rows),) or tokens.dtype != torch.int64 or tokens.device != self.device:
-            raise ValueError(
-                f"new_tokens: a token tensor must be [{len(rows)}] (one per sequence) int64 on {self.device}, got "
-                f"{list(tokens.shape)} {str(tokens.dtype).removeprefix('torch.')} on {tokens.device}"
-            )
-        if tokens.device.type == "cpu" and len(tokens) and not (0 <= tokens.min() and tokens.max() < self.vocab_size):
-            # checked where it costs no wait: the embedding would fail, and the id would stay in the
-            # input buffer as the padding of later steps
-            i = int(((tokens < 0) | (tokens >= self.vocab_size)).nonzero()[0])
-            raise ValueError(self._outside_message(f"new_tokens[{i}]", int(tokens[i])))
-
-    def _outside_message(self, where: str, token: int) -> str:
-        """The one-line refusal of ``token`` (at ``where``), naming it and the vocabulary's range."""
-        return f"{where}: token id {token} is outside the vocabulary, expected an int in 0..{self.vocab_size - 1}"
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
         """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the
