@@ -303,7 +303,7 @@ def _describe(name: str, median: float | None, info: dict) -> str:
     if median is None:
         problems = info.get("replay_problems")
         return f"{name}: not timed (benchmarks disabled)" + (f", GRAPHS DID NOT REPLAY ({'; '.join(problems)})" if problems else "")
-    per_step = f" per step (rounds of {info['steps_per_round']})" if info.get("steps_per_round", 1) > 1 else ""
+    per_step = f" per step (chains of {info['chain']})" if info.get("chain", 1) > 1 else ""
     parts = [f"{name}: {median * 1e3:.3f} ms{per_step}", f"{info['tokens_per_s']:,.0f} tokens/s"]
     if info.get("replay_problems"):
         parts.insert(1, f"GRAPHS DID NOT REPLAY ({'; '.join(info['replay_problems'])})")

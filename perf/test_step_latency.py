@@ -21,7 +21,7 @@ from reference.compilation.replays import dynamo_graphs
 # Explicit rounds (one call each) after explicit warm-up rounds; the runner is compiled and captured before.
 PREFILL_ROUNDS, PREFILL_WARMUP = 20, 3
 DECODE_ROUNDS, DECODE_WARMUP = 50, 5
-# Back-to-back decode: rounds of DECODE_CHAIN steps with one synchronize at the end.
+# Back-to-back decode: rounds of DECODE_CHAIN steps (pytest-benchmark's iterations) with one synchronize at the end.
 DECODE_CHAIN, CHAIN_ROUNDS, CHAIN_WARMUP = 16, 10, 2
 
 
@@ -47,11 +47,11 @@ def _tokens(vocab_size: int, batch_size: int, length: int) -> list[list[int]]:
 
 
 def _check_and_describe(
-    benchmark, run, settings, logits, one_round, tokens_per_step: int, steps_per_round: int = 1
+    benchmark, run, settings, logits, one_round, tokens_per_step: int, chain: int = 1
 ) -> float | None:
-    """Assert the steps ran the warmed-up runner as is; run ``one_round()`` once more under the replay probe;
-    fill ``extra_info``; return the median per step (s: a round's median / ``steps_per_round``) or None when
-    benchmarking is disabled (``--benchmark-disable`` runs a round once, untimed)."""
+    """Assert the steps ran the warmed-up runner as is; run ``one_round()`` (``chain`` steps) once more under
+    the replay probe; fill ``extra_info``; return the median per step (s; pytest-benchmark's stats are per
+    step) or None when benchmarking is disabled (``--benchmark-disable`` runs a step once, untimed)."""
     assert logits.shape == (settings.batch_size, run.vocab_size) and logits.dtype == torch.float32
     assert torch.isfinite(logits).all(), "non-finite logits: the timed step did not compute what it should"
     # A re-trace or a capture after warm-up would put start-up work into the timed steps.
@@ -62,11 +62,11 @@ def _check_and_describe(
         one_round()
     graphs = settings.device.type == "cuda" and run.mode != "eager"  # nothing is captured on a CPU
     info = benchmark.extra_info
-    info["replay_problems"] = tally.problems(steps_per_round if graphs else 0)
+    info["replay_problems"] = tally.problems(chain if graphs else 0)
     recompiled = dynamo_graphs() - run.dynamo_graphs  # in any round since warm-up, timed or not
     if recompiled and not tally.recompiles:
         info["replay_problems"].append(f"{recompiled} recompiles since warm-up")
-    info["graph_replays_per_step"] = tally.replays / steps_per_round
+    info["graph_replays_per_step"] = tally.replays / chain
     info.update(
         mode=run.mode,
         model=settings.model,
@@ -75,14 +75,13 @@ def _check_and_describe(
         batch_size=settings.batch_size,
         input_len=settings.input_len,
         tokens_per_step=tokens_per_step,
-        steps_per_round=steps_per_round,
+        chain=chain,
     )
     info.update(run.take_startup())
     if not benchmark.stats:
         return None
-    median, iqr = benchmark.stats.stats.median / steps_per_round, benchmark.stats.stats.iqr / steps_per_round
+    median, iqr = benchmark.stats.stats.median, benchmark.stats.stats.iqr
     info["tokens_per_s"] = tokens_per_step / median
-    info["step_median_s"] = median  # pytest-benchmark's own stats are per round
     if iqr > IQR_WARNING * median:
         warnings.warn(
             f"{benchmark.name}: the rounds spread by {iqr / median:.0%} of the median (IQR); the machine may be "
@@ -122,30 +121,40 @@ def test_decode_step_latency(benchmark, perf_run, perf_settings, bandwidth, perf
 
 
 def test_decode_steps_back_to_back(benchmark, perf_run, perf_settings, bandwidth, perf_report):
-    """``DECODE_CHAIN`` decode steps issued without waiting, each fed the previous step's greedy tokens on
-    the device (as the engine's decode loop does), then one synchronize; reported per step.
+    """Chains of ``DECODE_CHAIN`` decode steps issued without waiting, each fed the previous step's greedy
+    tokens on the device (as the engine's decode loop does), and one synchronize at a chain's end.
 
     This is the step time of a decode loop that never waits: the host's preparation of a step overlaps
     the device's work on the one before, so a step costs the device's time unless the host falls behind
-    (``test_decode_step_latency`` pays the host's part and the LM head's launch on every step).
+    (``test_decode_step_latency`` pays the host's part and the LM head's launch on every step). A chain is
+    one pytest-benchmark round of ``DECODE_CHAIN`` iterations, so its table, ``--benchmark-compare`` and the
+    printed line all read per step.
     """
     b, n = perf_settings.batch_size, perf_settings.input_len
     tokens, rows = _tokens(perf_run.vocab_size, b, n + 1), list(range(b))
     perf_run.runner.step([t[:n] for t in tokens], [0] * b, rows)
     first = torch.tensor([t[n] for t in tokens], device=perf_settings.device)
+    fed, steps = [first], [0]
 
-    def chain():
-        fed = first
-        for _ in range(DECODE_CHAIN):
-            logits = perf_run.runner.step(fed, [n] * b, rows)  # the same position each step: the same work
-            fed = logits.argmax(-1)
-        if perf_settings.device.type == "cuda":
-            torch.cuda.synchronize(perf_settings.device)
+    def chain_step():
+        logits = perf_run.runner.step(fed[0], [n] * b, rows)  # the same position each step: the same work
+        steps[0] += 1
+        fed[0] = first if steps[0] % DECODE_CHAIN == 0 else logits.argmax(-1)
+        if steps[0] % DECODE_CHAIN == 0 and perf_settings.device.type == "cuda":
+            torch.cuda.synchronize(perf_settings.device)  # a chain's last step: the round's timer stops after
         return logits
 
-    logits = benchmark.pedantic(chain, rounds=CHAIN_ROUNDS, warmup_rounds=CHAIN_WARMUP)
+    def chain():
+        fed[0], steps[0] = first, 0
+        for _ in range(DECODE_CHAIN):
+            logits = chain_step()
+        return logits
+
+    # pytest-benchmark calls chain_step DECODE_CHAIN times per round, rounds one after another, then once more
+    # for the result; a round's time / DECODE_CHAIN is its per-step figure
+    logits = benchmark.pedantic(chain_step, rounds=CHAIN_ROUNDS, warmup_rounds=CHAIN_WARMUP, iterations=DECODE_CHAIN)
     median = _check_and_describe(
-        benchmark, perf_run, perf_settings, logits, chain, tokens_per_step=b, steps_per_round=DECODE_CHAIN
+        benchmark, perf_run, perf_settings, logits, chain, tokens_per_step=b, chain=DECODE_CHAIN
     )
     _describe_floor(benchmark, perf_run, bandwidth, median)
     _report(perf_report, benchmark, median)

@@ -96,7 +96,8 @@ def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
         if test not in STEP_MEASURES or "mode" not in info:
             continue  # not one of perf/'s step benchmarks
         measure = f"{STEP_MEASURES[test]} B={info['batch_size']}"
-        steps = info.get("steps_per_round", 1)  # a round of back-to-back steps is reported per step
+        # files written before 2026-12-02 (NOTES v12) timed a chain of back-to-back steps as one iteration
+        steps = info.get("steps_per_round", 1)
         floor = info.get("floor_ms")
         rows.append(
             Row(
