@@ -34,6 +34,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from reference.benchmark.cli import OneLineParser
+from reference.benchmark.machine import source_commit
 from reference.benchmark.report import write_whole
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,21 +121,6 @@ def _terminated(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through _run_step, which ends the step's processes
 
 
-def _commit() -> str:
-    """``REFERENCE_COMMIT`` if set (a copied tree may carry a stale ``.git`` of another commit: the H200's
-    copy named the session's first commit), else the checked-out commit (``+dirty`` with uncommitted
-    changes), else unknown."""
-    if os.environ.get("REFERENCE_COMMIT"):
-        return os.environ["REFERENCE_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        return head.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -161,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         steps = [_run_step(name, command, Path(tmp)) for name, command in _steps(device, Path(tmp), pytest_args)]
     record = {
-        "commit": _commit(),
+        "commit": source_commit(ROOT),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, "-m", "conformance.run_record", *argv]),
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",

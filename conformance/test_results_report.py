@@ -224,12 +224,13 @@ def _saved_runs() -> set[Path]:
 
 
 @pytest.mark.slow
-def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp_path):
+def test_a_saved_perf_run_records_its_command_commit_torch_version_and_date(tmp_path):
     out = tmp_path / "run.json"
     args = ["perf", "-k", "prefill and eager", "--benchmark-json", str(out), "-p", "no:cacheprovider", "-q",
             f"--benchmark-storage=file://{tmp_path / 'benchmarks'}"]  # fmt: skip
     # an xdist worker's variables would tell pytest-benchmark it runs under xdist, and it would time nothing
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["REFERENCE_COMMIT"] = "0123abc"  # a copied tree's .git may be another commit's: the caller names it
     saved = _saved_runs()
     proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:]
@@ -240,6 +241,7 @@ def test_a_saved_perf_run_records_its_command_the_torch_version_and_the_date(tmp
     assert info["command"] == "python -m pytest " + shlex.join(args)  # what to type to run it again
     assert info["torch"] and info["threads"] >= 1 and doc["datetime"]
     assert [b["extra_info"]["mode"] for b in doc["benchmarks"]] == ["eager"]
+    assert doc["commit_info"]["id"] == "0123abc"
 
 
 def test_the_peer_table_gives_each_modes_speed_up_and_marks_ratios_across_runs():

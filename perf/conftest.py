@@ -8,6 +8,7 @@ mode for the whole session (Inductor compiles once per mode); see perf/NOTES.md 
 from __future__ import annotations
 
 import gc
+import os
 import shlex
 from dataclasses import dataclass
 from typing import Callable, ContextManager
@@ -21,6 +22,7 @@ from reference.benchmark.cli import usable_cpus
 from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.machine import benchmark_threads
 from reference.benchmark.machine import machine_info as reference_machine_info
+from reference.benchmark.machine import source_commit
 from reference.compilation.counters import CompilationCounter, compilation_counter
 from reference.compilation.replays import ReplayTally, dynamo_graphs, reference_replays
 from reference.config import MODES, CompilationConfig
@@ -158,6 +160,14 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     if torch.cuda.is_available():
         machine_info["cuda_device"] = torch.cuda.get_device_name()
     machine_info.update(reference_machine_info(config.stash[_SETTINGS].device))  # threads, load, GPU clocks
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    """The commit the run measured. pytest-benchmark asks git, but a copied tree (the H200's) may carry a
+    stale ``.git``; ``REFERENCE_COMMIT`` names the real commit and replaces git's answer whole."""
+    if os.environ.get("REFERENCE_COMMIT"):
+        commit_info.clear()
+        commit_info.update(id=source_commit(config.rootpath), source="REFERENCE_COMMIT")
 
 
 @pytest.fixture(scope="session")

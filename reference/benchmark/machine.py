@@ -1,4 +1,5 @@
-"""What a benchmark ran on, recorded with its results: CPU model, threads, load, GPU and its clocks.
+"""What a benchmark ran on, recorded with its results: CPU model, threads, load, GPU and its clocks, and
+the commit of the code it ran.
 
 A latency means little without the state of the machine that gave it: a busy host (load average), a
 thread count that differs between runs (CPU runs swing tenfold with it on a 2-core machine), or a GPU
@@ -11,6 +12,7 @@ import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -65,3 +67,18 @@ def machine_info(device: torch.device) -> dict:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "gpu_clocks": gpu_clocks(device),
     }
+
+
+def source_commit(root: Path) -> str:
+    """The commit of the code under ``root``: ``REFERENCE_COMMIT`` if set (a copied tree may carry a stale
+    ``.git`` of another commit: the H200's copy named the session's first commit), else git's checked-out
+    commit (``+dirty`` with uncommitted changes to tracked files), else ``"unknown"``."""
+    if os.environ.get("REFERENCE_COMMIT"):
+        return os.environ["REFERENCE_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

@@ -19,9 +19,7 @@ maps a :class:`~reference.config.CompilationConfig` onto that:
   pass the conformance rules, for the wrong reason.
 
 Capture sizes are the runner's: it pads every step to one of them, and graph trees record a graph for
-each size they see. Each call is marked as a new step (``torch.compiler.cudagraph_mark_step_begin``, what
-torch's docs ask of an inference loop): the runner's outputs are valid until its next call, as the
-reference's are.
+each size they see.
 """
 
 from __future__ import annotations
@@ -72,18 +70,7 @@ def compile_torch_native(model: nn.Module, config: CompilationConfig) -> Callabl
         "custom_should_partition_ops": list(config.splitting_ops or ()),
         "triton.cudagraphs": config.piecewise_graphs,
     }
-    compiled = torch.compile(model, fullgraph=True, dynamic=True, options=options)
-    if not config.piecewise_graphs:
-        return compiled
-
-    def one_step(*args):
-        # Each runner call is one step, as torch's docs ask of an inference loop: graph trees may then reuse
-        # the memory of the last call's outputs at once instead of tracking them as live (host work per call;
-        # perf/NOTES.md has the measured difference).
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args)
-
-    return one_step
+    return torch.compile(model, fullgraph=True, dynamic=True, options=options)
 
 
 # CUDAGraphTreeManager methods where a call of a cudagraphified function replays or records, and the tally
