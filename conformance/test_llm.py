@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from conformance.oracle import oracle_greedy
 from reference.benchmark.baselines import build_hf_model
 from reference.benchmark.choices import MODE_KWARGS as MODES
 from reference.config import DEFAULT_MAX_CAPTURE_SIZE, ConfigError, default_capture_sizes
 from reference.engine.arguments import engine_capture_sizes
+from reference.engine import kv_cache
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
+from reference.models import registry
 
 # The reference's own components (not the compilation mechanism): skipped for other --impl.
 pytestmark = pytest.mark.requires("components")
@@ -353,6 +356,40 @@ def test_a_kv_cache_larger_than_the_machine_is_refused_in_one_line_naming_its_si
     with pytest.raises(ValueError, match=message) as err:
         make_llm("llama-tiny", "eager", max_num_seqs=10**9, max_model_len=16)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.eager
+def test_weights_larger_than_the_machine_are_refused_before_any_is_built(tmp_path, monkeypatch):
+    """A model that can never fit (here a 1,024-layer config of 3.3 trillion parameters: no weight files are
+    needed to see it) is one line naming the weights' size, raised before a weight is allocated or read, not
+    a kernel OOM kill minutes in (a 23 GiB machine asked for llama-3.1-8b in float32)."""
+    config = transformers.LlamaConfig(
+        hidden_size=16384, intermediate_size=53248, num_hidden_layers=1024, num_attention_heads=128,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=64,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    built = []
+    real_build = registry.build_model
+    monkeypatch.setattr(registry, "build_model", lambda *a, **k: built.append(k["device"]) or real_build(*a, **k))
+    with pytest.raises(ConfigError, match=r"the weights \([\d,.]+ GiB in float32\) need more than") as err:
+        LLM(str(tmp_path), device="cpu", dtype="float32", use_tqdm=False, max_num_seqs=1, enforce_eager=True)
+    assert "\n" not in str(err.value)
+    assert all(torch.device(d).type == "meta" for d in built), f"weights built on {built} before the check"
+
+
+@pytest.mark.parametrize(
+    "weights, cache, blamed",
+    [(0, 9, "the KV cache and input buffers need 9.0 GiB"), (9, 1, r"the weights \(9.0 GiB in bfloat16\) need"),
+     (6, 6, r"the weights \(6.0 GiB in bfloat16\) and the KV cache and input buffers of .* \(6.0 GiB\)")],
+)  # fmt: skip
+def test_the_memory_refusal_blames_what_does_not_fit(monkeypatch, weights, cache, blamed):
+    """8 GiB of memory: the cache alone, the weights alone, or only the two together too large."""
+    monkeypatch.setattr(kv_cache.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 2**21}[name])
+    with pytest.raises(ConfigError, match=blamed):
+        kv_cache.check_fits(
+            cache * 2**30, torch.device("cpu"), 1, 1, weight_bytes=weights * 2**30, dtype=torch.bfloat16
+        )
+    kv_cache.check_fits(2**30, torch.device("cpu"), 1, 1, weight_bytes=6 * 2**30, dtype=torch.bfloat16)  # fits
 
 
 @pytest.mark.eager

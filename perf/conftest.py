@@ -28,6 +28,7 @@ from reference.compilation.replays import ReplayTally, dynamo_graphs, reference_
 from reference.config import MODES, CompilationConfig
 from reference.engine import ModelRunner
 from reference.engine.arguments import DTYPES, engine_config, resolve_device
+from reference.engine.memory_check import check_memory_before_build
 from reference.models import registry
 from reference.models.weights import weight_bytes_per_decode_step
 from reference.ops import Attention, CustomOpSelection
@@ -224,11 +225,15 @@ def base_model(perf_settings) -> torch.nn.Module:
 
     Raises:
         ValueError: the model has no KV-cache attention layer, so it has no decode step to time.
+        ConfigError: (a ValueError) the weights, KV cache and inputs cannot fit the device (checked first).
     """
     s = perf_settings
-    model = registry.build_model(
-        s.model, CustomOpSelection(mode_config_for("eager", s.batch_size, s.input_len)), dtype=s.dtype, device=s.device
-    )
+    ops = CustomOpSelection(mode_config_for("eager", s.batch_size, s.input_len))
+    check_memory_before_build(
+        s.model, ops, dtype=s.dtype, device=s.device, max_num_seqs=s.batch_size, max_model_len=s.input_len + 1,
+        max_num_tokens=s.batch_size * s.input_len,
+    )  # fmt: skip
+    model = registry.build_model(s.model, ops, dtype=s.dtype, device=s.device)
     if not any(isinstance(m, Attention) for m in model.modules()):
         raise ValueError(
             f"--perf-model {s.model!r}: no KV-cache attention layer (e.g. toy-llama, whose attention treats the whole "

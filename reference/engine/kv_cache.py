@@ -17,16 +17,26 @@ def kv_cache_bytes(layers: list[Attention], max_num_seqs: int, max_model_len: in
     return max_num_seqs * max_model_len * per_token * torch.empty((), dtype=dtype).element_size()
 
 
-def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_len: int) -> None:
-    """Refuse ``nbytes`` (the caches and the runner's input buffers) beyond the device's free memory
-    (CUDA) or the machine's physical memory (CPU, where an oversized zero-filled tensor would exhaust it).
+def check_fits(
+    nbytes: int, device: torch.device, max_num_seqs: int, max_model_len: int, weight_bytes: int = 0, dtype=None
+) -> None:
+    """Refuse ``nbytes`` (the caches and the runner's input buffers), plus ``weight_bytes`` of weights not
+    yet built, beyond the device's free memory (CUDA) or the machine's physical memory (CPU, where an
+    oversized zero-filled tensor would exhaust it).
 
-    A bound that turns sizes the device can never hold into a clear error, not admission control: a cache
-    that fits leaves the capture's and the activations' memory to the caller (and on a CPU, the weights).
+    A bound that turns sizes the device can never hold into a clear error, not admission control: what
+    fits leaves the capture's and the activations' memory to the caller. Checked before the weights are
+    built, it turns a kernel's OOM kill minutes into loading into one line.
+
+    Args:
+        nbytes: bytes of the KV cache and the input buffers.
+        weight_bytes: bytes of the weights still to be allocated (0: they are in memory already), whose
+            ``dtype`` the message names.
 
     Raises:
-        ConfigError: (a ValueError) naming max_num_seqs and max_model_len, with the GiB needed and
-            available: a configuration no run can serve, which the CLI reports in one line.
+        ConfigError: (a ValueError) naming max_num_seqs and max_model_len (and the weights, when they
+            count), with the GiB needed and available: a configuration no run can serve, which the CLI
+            reports in one line.
     """
     if device.type == "cuda":  # free on the device, plus what torch's caching allocator holds unused
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -35,11 +45,23 @@ def check_fits(nbytes: int, device: torch.device, max_num_seqs: int, max_model_l
         available, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "of physical memory"
     else:
         return
-    if nbytes > available:
+    if nbytes + weight_bytes <= available:
+        return
+    sizes = f"max_num_seqs x max_model_len ({max_num_seqs} x {max_model_len})"
+    have = f"the {available / 2**30:,.1f} GiB {where}"
+    weights = f"the weights ({weight_bytes / 2**30:,.1f} GiB in {str(dtype).removeprefix('torch.')})"
+    if nbytes > available or not weight_bytes:
         raise ConfigError(
-            f"max_num_seqs x max_model_len ({max_num_seqs} x {max_model_len}): the KV cache and input buffers "
-            f"need {nbytes / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} GiB {where}; lower either"
+            f"{sizes}: the KV cache and input buffers need {nbytes / 2**30:,.1f} GiB, more than {have}; lower either"
         )
+    if weight_bytes > available:
+        raise ConfigError(
+            f"{weights} need more than {have}; choose a smaller model or dtype, or more tensor-parallel ranks"
+        )
+    raise ConfigError(
+        f"{weights} and the KV cache and input buffers of {sizes} ({nbytes / 2**30:,.1f} GiB) need more than {have}; "
+        "lower max_num_seqs or max_model_len, or choose a smaller model or dtype"
+    )
 
 
 def allocate_kv_caches(

@@ -26,6 +26,7 @@ from reference import parallel
 from reference.config import CompilationConfig, echo
 from reference.engine import arguments
 from reference.engine.requests import Request, RequestBuilder, RequestOutput
+from reference.engine.memory_check import check_memory_before_build
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams, sample
 from reference.models import registry
@@ -154,6 +155,17 @@ class LLM:
         )
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
+        check_memory_before_build(
+            model,
+            ops,
+            dtype=self.dtype,
+            device=self.device,
+            max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len,
+            max_num_tokens=max_num_batched_tokens or max_num_seqs * self.max_model_len,
+            tensor_parallel=self.tensor_parallel,
+            weights_in_memory=share_weights_with is not None,
+        )
         # closed on an error too, so that an error message does not run on after the bar
         bar_format = "{desc} [{elapsed}]"  # stages take seconds to minutes each: elapsed time, no rate
         quiet = True if not use_tqdm else None  # None: shown on a terminal only, not in logs

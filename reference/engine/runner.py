@@ -83,6 +83,23 @@ class StepDispatch:
     descriptor: BatchDescriptor
 
 
+def _input_buffer_len(max_num_tokens: int) -> int:
+    """Slots of each int64 input buffer (token ids, positions). The tracing call runs with >= 2 tokens. One
+    slot more than any step takes, so no step's inputs are a view as long as its whole buffer: Dynamo gives
+    equal sizes one symbol (duck sizing), and an implementation that keeps Dynamo's guards (torch-native)
+    would otherwise guard the view's size against its base's and recompile at the first shorter step."""
+    return max(max_num_tokens, 2) + 1
+
+
+def memory_needed(model: nn.Module, max_num_seqs: int, max_model_len: int, max_num_tokens: int) -> int:
+    """Bytes a :class:`ModelRunner` of ``model`` allocates up front: every attention layer's KV cache in the
+    model's dtype plus the two int64 input buffers. ``model`` may be on the meta device (shapes only), so
+    this can be checked before any weight exists."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    dtype = next(model.parameters()).dtype
+    return kv_cache_bytes(layers, max_num_seqs, max_model_len, dtype) + 2 * _input_buffer_len(max_num_tokens) * 8
+
+
 class ModelRunner:
     """Owns a model's compiled forward, its KV cache and its static input buffers.
 
@@ -149,14 +166,10 @@ class ModelRunner:
         else:
             self.compiled = compile_fn(model, config)
         self.attention_layers = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
-        # The tracing call runs with >= 2 tokens. One slot more than any step takes, so no step's inputs are
-        # a view as long as its whole buffer: Dynamo gives equal sizes one symbol (duck sizing), and an
-        # implementation that keeps Dynamo's guards (torch-native) would otherwise guard the view's size
-        # against its base's and recompile at the first shorter step.
-        buffer_len = max(self.max_num_tokens, 2) + 1
+        buffer_len = _input_buffer_len(self.max_num_tokens)
+        check_fits(memory_needed(model, max_num_seqs, max_model_len, self.max_num_tokens), self.device,
+                   max_num_seqs, max_model_len)  # fmt: skip
         layers = list(self.attention_layers.values())
-        cache_bytes = kv_cache_bytes(layers, max_num_seqs, max_model_len, self.dtype)
-        check_fits(cache_bytes + 2 * buffer_len * 8, self.device, max_num_seqs, max_model_len)  # + int64 inputs
         allocate_kv_caches(layers, max_num_seqs, max_model_len, self.dtype, self.device)
         self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)

@@ -226,7 +226,8 @@ def build_model(
 
     * checkpoint directory: loaded from its safetensors files (:func:`~reference.models.loader.load_checkpoint`);
     * ``toy-llama``: its closed-form values;
-    * other presets: :func:`init_random_weights` with ``seed``; on the meta device nothing is drawn.
+    * other presets: :func:`init_random_weights` with ``seed``;
+    * on the meta device, none of these: shapes only, nothing drawn or read.
 
     Args:
         model: preset name (``PRESETS``) or path of a transformers checkpoint directory.
@@ -258,9 +259,11 @@ def build_model(
         return net.eval()
     with _default_dtype(dtype), device, parallel.use(tensor_parallel):
         net = cls(config, ops)
+    if device.type == "meta":
+        return net.eval()  # shapes only: no weight is drawn or read
     if str(model) not in PRESETS:
         load_checkpoint(net, model)
-    elif config.model_type not in CLOSED_FORM_MODEL_TYPES and device.type != "meta":
+    elif config.model_type not in CLOSED_FORM_MODEL_TYPES:
         init_random_weights(net, seed)
     return net.eval()
 
