@@ -203,7 +203,20 @@ BAD_FLAGS = [
         "--compilation-config given twice",
         id="config-given-twice",
     ),
-    pytest.param(["-cc", "{'custom_ops': ['none']}", "-O3"], "--compilation-config given twice", id="config-and-level"),
+    pytest.param(["-O3", "-O2"], r"optimization level given twice \(-O3, -O2\)", id="level-given-twice"),
+    pytest.param(
+        ["-O2", "--modes", "eager"],
+        r"-O2 selects --modes inductor_full \(vLLM's optimization level\), and --modes eager was given too; give one",
+        id="level-and-modes",
+    ),
+    pytest.param(["-O4"], r"-O: optimization level expected 0, 1, 2 or 3, got '4'", id="level-4"),
+    pytest.param(["--optimization-level", "x"], r"optimization level expected 0, 1, 2 or 3, got 'x'", id="level-x"),
+    pytest.param(["-O2", "--enforce-eager"], "--enforce-eager contradicts -O2", id="level-and-enforce-eager"),
+    pytest.param(
+        ["--compilation-config.custom_ops=['none']", "-O.custom_ops=['all']"],
+        "-O.custom_ops given twice",
+        id="long-and-short-dotted-field",
+    ),
     pytest.param(
         ["-O.cudagraph_capture_sizes=[1,2]", "-O.cudagraph_capture_sizes=[4]"],
         "-O.cudagraph_capture_sizes given twice",
@@ -389,9 +402,16 @@ def test_the_clis_dtype_names_are_the_engines():
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["-O3"], {"level": 3}),
-        (["-O", "3"], {"level": 3}),
         (["-cc", "{'custom_ops': ['none']}"], {"custom_ops": ["none"]}),
+        (["--compilation-config.cudagraph_capture_sizes=[1,2]"], {"cudagraph_capture_sizes": [1, 2]}),
+        (["--compilation-config.custom_ops", "['none']"], {"custom_ops": ["none"]}),
+        (["-cc.level", "3"], {"level": 3}),
+        (["-O.inductor_compile_config.max_autotune=true"], {"inductor_compile_config": {"max_autotune": True}}),
+        (
+            ["-O.inductor_compile_config.max_autotune=true",
+             "-O.inductor_compile_config.coordinate_descent_tuning=true"],  # fmt: skip
+            {"inductor_compile_config": {"max_autotune": True, "coordinate_descent_tuning": True}},
+        ),
         (
             ["-O.cudagraph_capture_sizes=[1, 2]", "-cc.custom_ops=['none']"],
             {"cudagraph_capture_sizes": [1, 2], "custom_ops": ["none"]},
@@ -401,18 +421,39 @@ def test_the_clis_dtype_names_are_the_engines():
             {"custom_ops": ["none"], "cudagraph_capture_sizes": [4]},
         ),
     ],
-    ids=["O3", "O-space-3", "cc-dict", "dotted-fields", "dotted-with-a-whole-config"],
+    ids=["cc-dict", "long-dotted", "long-dotted-space", "cc-dotted-space", "nested", "nested-merged", "dotted-fields",
+         "dotted-with-a-whole-config"],  # fmt: skip
 )
 def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
     args = parse_args(["--model", "toy-llama", "--modes", "inductor", *argv])
     assert args.compilation_config == expected
 
 
-def test_a_dotted_field_without_a_value_is_a_usage_error(capsys):
+@pytest.mark.parametrize(
+    "argv, modes",
+    [(["-O0"], ["eager"]), (["-O1"], ["inductor"]), (["-O2"], ["inductor_full"]), (["-O3"], ["inductor_full"]),
+     (["-O", "1"], ["inductor"]), (["--optimization-level", "0"], ["eager"]),
+     (["--optimization-level=2"], ["inductor_full"]), (["-O0", "--enforce-eager"], ["eager"])],
+    ids=["O0", "O1", "O2", "O3", "O-space-1", "long-0", "long-equals-2", "O0-and-enforce-eager"],
+)  # fmt: skip
+def test_O_digit_is_vllms_optimization_level_and_picks_the_mode(argv, modes):
+    """vLLM today: -O0 no compilation nor graphs, -O1 Inductor + piecewise graphs, -O2 (its default) and -O3
+    Inductor + full and piecewise graphs; here that is the mode to run."""
+    args = parse_args(["--model", "toy-llama", *argv])
+    assert args.modes == modes and args.compilation_config is None
+
+
+def test_O_digit_and_dotted_fields_combine():
+    args = parse_args(["--model", "toy-llama", "-O1", "-O.custom_ops=['none']"])
+    assert args.modes == ["inductor"] and args.compilation_config == {"custom_ops": ["none"]}
+
+
+@pytest.mark.parametrize("flag", ["-O.level", "--compilation-config.level"])
+def test_a_dotted_field_without_a_value_is_a_usage_error(capsys, flag):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", "toy-llama", "-O.level"])
+        main(["--model", "toy-llama", flag])
     assert exit_info.value.code == 2
-    assert "-O.FIELD=VALUE: expected e.g. -O.level=3, got '-O.level'" in capsys.readouterr().err
+    assert f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE" in capsys.readouterr().err
 
 
 def test_help_imports_neither_torch_nor_transformers():

@@ -10,10 +10,11 @@ prefill, its largest step), so, unless ``--compilation-config`` says otherwise, 
 engine's default for those (:func:`reference.engine.arguments.engine_capture_sizes`): every decode step
 runs at exactly ``batch_size`` tokens, and a prefill of up to 512 tokens replays piecewise graphs.
 
-vLLM's spellings of the config flag work too: ``-cc`` for ``--compilation-config``, ``-O3`` (a level digit,
-like ``--compilation-config 3``) and ``-O.FIELD=VALUE`` / ``-cc.FIELD=VALUE`` for one field (VALUE read as
-JSON or a Python literal, else as a string; several merge, with a whole ``--compilation-config`` too, each
-field given once).
+vLLM's spellings work too (:mod:`reference.benchmark.vllm_flags`): ``-O0`` .. ``-O3`` (or
+``--optimization-level N``), vLLM's optimization level, pick the mode it stands for; ``-cc`` is
+``--compilation-config``, and ``-O.FIELD=VALUE``, ``-cc.FIELD=VALUE`` or ``--compilation-config.FIELD=VALUE``
+(or ``VALUE`` as the next argument) set one field (VALUE read as JSON or a Python literal, else as a string;
+dots nest; several merge, with a whole ``--compilation-config`` too, each field given once).
 
 Only argparse and reference.config are imported before the flags are parsed, so ``--help`` and usage
 errors answer at once; torch, transformers and the models load after.
@@ -37,7 +38,7 @@ from reference.benchmark.cli import (
     seed,
     thread_count,
 )
-from reference.benchmark.vllm_flags import expand_vllm_spellings
+from reference.benchmark.vllm_flags import OPTIMIZATION_LEVEL_MODES, expand_vllm_spellings
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
 from reference.config.vllm_names import translate
 
@@ -173,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="(-cc, -O) JSON or Python-literal dict overriding fields of the compiled modes' configs, "
         "e.g. capture sizes or custom_ops; level, use_inductor and cudagraph_mode are set by --modes",
     )
+    parser.add_argument(
+        "--optimization-level",
+        default=None,
+        metavar="N",
+        help="(-O0 .. -O3) vLLM's optimization level, here the mode it stands for: "
+        + ", ".join(f"{n} {mode}" for n, mode in OPTIMIZATION_LEVEL_MODES.items())
+        + " (vLLM: 0 no compilation nor graphs, 1 Inductor with piecewise graphs, 2 and 3 with full graphs too)",
+    )
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
@@ -233,6 +242,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ConfigError as err:
         parser.error(str(err))
     args = parser.parse_args(expanded)
+    if args.optimization_level is not None:
+        level, mode = args.optimization_level, OPTIMIZATION_LEVEL_MODES[args.optimization_level]
+        if args.modes is not None:
+            parser.error(
+                f"-O{level} selects --modes {mode} (vLLM's optimization level), and --modes "
+                f"{','.join(args.modes)} was given too; give one"
+            )
+        if args.enforce_eager and mode != "eager":
+            parser.error(f"--enforce-eager contradicts -O{level} (--modes {mode}); drop one of them")
+        args.modes = [mode]
     if args.enforce_eager:
         if args.modes not in (None, ["eager"]):
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
