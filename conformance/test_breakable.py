@@ -13,7 +13,8 @@ import torch
 
 from conformance.helpers import DEVICES, make_runner, small_llama_config
 from reference.compilation import expect_counters
-from reference.config import ConfigError
+from reference.config import ConfigError, mode_config
+from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel
 
 
 @pytest.mark.requires("counters")
@@ -50,3 +51,18 @@ def test_a_splitting_op_that_returns_a_tensor_cannot_break_a_capture(mode, devic
         ConfigError, match=r"'reference::rms_norm' returns tensors; a breakable graph's splitting op must write"
     ):
         runner.warm_up()
+
+
+@pytest.mark.parametrize("mode", ["breakable"])
+@pytest.mark.parametrize(
+    "name, refusal",
+    [("foo::bar", "is not a registered torch.library op"), ("reference::atention", "is not a registered"),
+     ("aten::mm", "is an ATen-level op")],
+    ids=["unknown-namespace", "misspelt-op", "aten-op"],
+)  # fmt: skip
+def test_breakable_graphs_refuse_a_splitting_op_name_that_is_no_custom_op(mode, name, refusal, impl):
+    """Breakable graphs break at ops they see at dispatch, so a name that is no custom op would never break a
+    capture; it is refused when the model is compiled, as the piecewise backend refuses it, not left to
+    surface later as another op's complaint (or, for an untagged op, as one segment and a warning)."""
+    with pytest.raises(ConfigError, match=f"splitting_ops: '{name}' {refusal}"):
+        impl.compile(SillyModel(), mode_config(mode, splitting_ops=[name, *SILLY_SPLITTING_OPS]))

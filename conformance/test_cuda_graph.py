@@ -97,37 +97,56 @@ def test_debug_addresses_catches_a_parameter_reassigned_after_capture(mode, impl
 
 
 # ---------------------------------------------------------------------- memory
+# H=1024, I=4096 in bf16: activations at 512 tokens take tens of MiB, so a size's own graph memory shows
+MEMORY_MODEL = dict(
+    vocab_size=1024,
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    max_position_embeddings=1024,
+)
+
+
+def _graph_gib(impl, mode: str, sizes: list[int], **runner_kwargs) -> float:
+    """Device memory (GiB) the graphs of ``sizes`` take at warm-up, measured in a fresh runner."""
+    runner = make_runner(impl, mode, small_llama_config(**MEMORY_MODEL), **BF16, cudagraph_capture_sizes=sizes,
+                         **runner_kwargs)  # fmt: skip
+    gib = runner.warm_up().graph_gib
+    del runner
+    torch._dynamo.reset()  # Dynamo's cache holds the compiled model, and with it the graphs and their pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    return gib
+
+
 @pytest.mark.device_memory
 @pytest.mark.parametrize("mode", ["no_inductor"])  # the pool is the graphs' business, not the compiler's
 def test_all_capture_sizes_share_the_memory_of_the_largest(mode, impl):
     """Graphs of all 67 default sizes up to 512 cost about what the size-512 graphs alone cost.
 
-    The model is sized so activations at 512 tokens take tens of MiB (H=1024, I=4096, bf16). Without a
-    shared pool, or with graph outputs kept alive, each size would add its own activations: the sizes sum
-    to ~32x the largest, so ~32x the memory. Allowed: 2x the largest-only cost plus 64 MiB, for allocator
-    rounding (segments of 2 and 20 MiB) and the graphs' own small device allocations.
+    Without a shared pool, or with graph outputs kept alive, each size would add its own activations: the
+    sizes sum to ~32x the largest, so ~32x the memory. Allowed: 2x the largest-only cost plus 64 MiB, for
+    allocator rounding (segments of 2 and 20 MiB) and the graphs' own small device allocations.
     """
-    hf = small_llama_config(
-        vocab_size=1024,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=1024,
-    )
+    largest_only = _graph_gib(impl, mode, [512], max_num_seqs=2, max_model_len=512)
+    all_sizes = _graph_gib(impl, mode, list(default_capture_sizes(512)), max_num_seqs=2, max_model_len=512)
+    assert largest_only > 0
+    message = f"all sizes {all_sizes:.3f} GiB vs 512 alone {largest_only:.3f} GiB"
+    assert all_sizes <= 2 * largest_only + 64 / 1024, message
 
-    def graph_gib(sizes: list[int]) -> float:
-        runner = make_runner(impl, mode, hf, **BF16, max_num_seqs=2, max_model_len=512, cudagraph_capture_sizes=sizes)
-        gib = runner.warm_up().graph_gib
-        del runner
-        torch._dynamo.reset()  # Dynamo's cache holds the compiled model, and with it the graphs and their pool
-        gc.collect()
-        torch.cuda.empty_cache()
-        return gib
 
-    largest_only = graph_gib([512])
-    all_sizes = graph_gib(list(default_capture_sizes(512)))
+@pytest.mark.device_memory
+@pytest.mark.parametrize("mode", ["no_inductor_full"])
+def test_all_full_graph_sizes_share_the_memory_of_the_largest(mode, impl):
+    """The same bound for full graphs: 512 sequences make every default size up to 512 a full decode graph
+    (and a piecewise one), and all of them together cost about what size 512 alone costs. Full graphs in a
+    pool each, or captured so that a size cannot reuse a larger one's memory, sum to ~32x (the bound and
+    its allowance as for piecewise graphs)."""
+    runner_kwargs = dict(max_num_seqs=512, max_model_len=4)
+    largest_only = _graph_gib(impl, mode, [512], **runner_kwargs)
+    all_sizes = _graph_gib(impl, mode, list(default_capture_sizes(512)), **runner_kwargs)
     assert largest_only > 0
     message = f"all sizes {all_sizes:.3f} GiB vs 512 alone {largest_only:.3f} GiB"
     assert all_sizes <= 2 * largest_only + 64 / 1024, message

@@ -15,6 +15,7 @@ from reference.benchmark.choices import MODE_KWARGS as MODES
 from reference.config import DEFAULT_MAX_CAPTURE_SIZE, ConfigError, default_capture_sizes
 from reference.engine.arguments import engine_capture_sizes
 from reference.engine import kv_cache
+from reference.engine import llm as llm_module
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
@@ -530,6 +531,23 @@ def test_inductor_with_padded_decode_batches_matches_the_oracle():
     prompts = ragged_prompts(3, llm.vocab_size, seed=2)  # 3 sequences: decode steps padded to size 4
     outputs = llm.generate(prompts, greedy(8, ignore_eos=True), use_tqdm=False)
     assert_matches_oracle(llm, prompts, outputs, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.eager
+def test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_done():
+    """The loop copies a step's sampled tokens to the host while later steps run. A copy into pageable
+    memory waits for everything queued before it, even with ``non_blocking=True``, and torch's sync debug
+    mode does not see that wait (the test above would pass): every step would stall the host, with the same
+    tokens. Here about 50 ms of device work is queued before the copy, which must return while it runs."""
+    tokens = torch.arange(8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # about 50 ms at the H200's 1.98 GHz
+    host, copied = llm_module._copy_to_host(tokens)
+    returned_early = not copied.query()
+    copied.synchronize()
+    assert host.tolist() == list(range(8))
+    assert returned_early, "the copy returned only once the device had finished the work queued before it"
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ from conformance.faults.fault import Fault, patches
 from reference.compilation import backend, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
 from reference.compilation.stale_outputs import StaleOutputGuard
+from reference.engine import llm
 from reference.engine.runner import ModelRunner
 from reference.forward_context import BatchDescriptor
 
@@ -45,6 +46,16 @@ def _on_the_capture_stream(self, *args):
     stream nor is waited for."""
     with torch.cuda.stream(self.stream):
         return _real_call(self, *args)
+
+
+def _copied_to_pageable_memory(tokens):
+    """The decode loop's device-to-host copy of the sampled tokens lands in pageable memory: still
+    ``non_blocking=True``, but such a copy waits for all work queued before it."""
+    host = torch.empty(tokens.shape, dtype=tokens.dtype)
+    host.copy_(tokens, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied
 
 
 def _dispatched_unpadded(self, num_tokens, uniform_decode):
@@ -141,6 +152,16 @@ FAULTS = [
         "read of an output that a later replay overwrote returns the later step's values without a word",
         plant=patches(mock.patch.object(StaleOutputGuard, "_poison_earlier_calls", lambda self: None)),
         tests="test_reading_an_output_a_later_call_replayed_over_raises",
+        device="cuda",
+    ),
+    Fault(
+        id="decode-tokens-copied-to-pageable-memory",
+        kind="engine",
+        description="the decode loop copies each step's sampled tokens into pageable host memory, so the copy "
+        "waits for the device and the host stalls at every step; the tokens are the same, and torch's sync "
+        "debug mode does not flag the wait",
+        plant=patches(mock.patch.object(llm, "_copy_to_host", _copied_to_pageable_memory)),
+        tests="test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_done",
         device="cuda",
     ),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from unittest import mock
 
 from conformance.faults.fault import Fault, patches
+from reference.compilation import capture
 from reference.compilation.breakable import BreakableCUDAGraphs, _BreakAtSplittingOps
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.engine.runner import ModelRunner
@@ -41,6 +42,12 @@ def _no_break(self, func, types, args=(), kwargs=None):
     """The breakable capture's watcher lets every op through, attention included: one segment per size, with
     attention recorded for the lengths and slots of the capture step."""
     return func(*args, **(kwargs or {}))
+
+
+def _pool_per_size(self, key, args):
+    """Each full-graph size is captured into a pool of its own, so no size reuses a larger one's memory."""
+    self._pool = None
+    return _real_full_capture(self, key, args)
 
 
 def _checked_only_at_capture(self, *args):
@@ -92,5 +99,23 @@ FAULTS = [
         "tests) accepts a config that every GPU refuses",
         plant=patches(mock.patch.object(BreakableCUDAGraphs, "__call__", _checked_only_at_capture)),
         tests="test_a_splitting_op_that_returns_a_tensor_cannot_break_a_capture and cpu",
+    ),
+    Fault(
+        id="breakable-splitting-op-names-unchecked",
+        kind="config",
+        description="breakable graphs take the splitting-op names as given, so a misspelt or unregistered op, or "
+        "an ATen op that no capture can break at, is accepted when the model is compiled",
+        plant=patches(mock.patch.object(capture, "check_splitting_ops_exist", lambda names: None)),
+        tests="test_breakable_graphs_refuse_a_splitting_op_name_that_is_no_custom_op",
+    ),
+    Fault(
+        id="full-graphs-in-a-pool-each",
+        kind="capture",
+        description="every full-graph size is captured into a fresh memory pool instead of the one the sizes "
+        "share, so full-graph memory grows with the sum of the decode sizes instead of the largest",
+        plant=patches(mock.patch.object(FullCUDAGraphs, "_capture", _pool_per_size)),
+        tests="test_all_full_graph_sizes_share_the_memory_of_the_largest",
+        device="cuda",
+        alone=True,
     ),
 ]
