@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conformance import real_model
 from conformance.driver import run_steps
 from conformance.helpers import COMPILED_MODES, MODES
-from conformance.implementation import make_runner
+from conformance.implementation import CAPABILITIES, make_runner
 from reference import LLM, SamplingParams
 from reference.benchmark.choices import MODE_KWARGS
 from reference.config import mode_config
@@ -46,8 +46,10 @@ PACKAGE = pretrained.PACKAGED[real_model.MODEL]
 
 
 @pytest.fixture(scope="session")
-def checkpoint() -> str:
+def checkpoint(impl) -> str:
     """The converted checkpoint directory (converted now if the cache has none; about a minute)."""
+    if "components" not in impl.capabilities:  # session fixtures run before the per-test capability skip
+        pytest.skip(f"{impl.name} lacks components: {CAPABILITIES['components']}")
     if importlib.util.find_spec(PACKAGE.module) is None and not os.environ.get(real_model.REQUIRED_ENV):
         pytest.skip(f"{PACKAGE.package} is not installed: {pretrained.INSTALL_HINT}")
     return str(pretrained.resolve(real_model.MODEL))
