@@ -73,13 +73,13 @@ def oracle_greedy(hf_model: nn.Module, prompt_ids: list[int], new_tokens: int = 
 
 
 def first_divergence(ours: list[int], oracle: OracleGreedy, near_tie: float) -> int | None:
-    """The first position where ``ours`` differs from the oracle's tokens and the oracle's choice was not a
-    near tie (its two best logits more than ``near_tie`` apart); None if there is none. Past a tied
-    divergence the sequences differ, so the comparison stops there."""
+    """The first position where ``ours`` differs from the oracle's tokens (as long) and the oracle's choice
+    was not a near tie (its two best logits more than ``near_tie`` apart); None if there is none. Past a
+    tied divergence the sequences differ, so the comparison stops there."""
     for i, (a, b) in enumerate(zip(ours, oracle.tokens)):
         if a != b:
             return None if oracle.gaps[i] <= near_tie else i
-    return None if len(ours) == len(oracle.tokens) else min(len(ours), len(oracle.tokens))
+    return None
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

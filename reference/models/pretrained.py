@@ -59,11 +59,6 @@ def cache_root() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "piecewise-reference"
 
 
-def is_pretrained(model: str | Path) -> bool:
-    """``model`` names a packaged model (``PACKAGED``) or a ``.gguf`` file (by its suffix)."""
-    return str(model) in PACKAGED or str(model).lower().endswith(".gguf")
-
-
 def resolve(model: str | Path) -> str | Path:
     """The checkpoint directory to load for ``model``: a packaged model's or a ``.gguf`` file's conversion
     (made now, once, if the cache has none), else ``model`` unchanged (a preset or a directory).

@@ -25,9 +25,9 @@ from transformers import AutoConfig, PretrainedConfig
 
 from reference import parallel
 from reference.config import echo
+from reference.models import pretrained
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
-from reference.models import pretrained
 from reference.models.loader import load_checkpoint
 from reference.models.presets import PRESETS
 from reference.models.qwen3 import Qwen3ForCausalLM
@@ -66,16 +66,18 @@ def model_config(model: str | Path) -> PretrainedConfig:
     """The transformers config of a preset name, a pretrained model (``gemma-3-270m``, a ``.gguf`` file) or a
     local checkpoint directory.
 
-    A pretrained model is its conversion's directory (:func:`reference.models.pretrained.resolve`). A directory's ``config.json`` is checked (:func:`check_config_json`), then read with
+    A pretrained model is its conversion's directory (:func:`reference.models.pretrained.resolve`). A
+    directory's ``config.json`` is checked (:func:`check_config_json`), then read with
     ``AutoConfig.from_pretrained(directory, local_files_only=True)`` (offline), then checked by the model
     class (its ``check_config``, if it has one). For a multimodal config (``MULTIMODAL``) the result is its
     language model's config (:func:`language_model_config`).
 
     Raises:
         ValueError: one line: ``model`` is neither a preset nor a directory with ``config.json`` (the
-            message lists the presets), a pretrained model that cannot be found or converted, or, naming the file and the field, the ``config.json`` is not a JSON
-            object, leaves out a required field, gives one a wrong value, has an unsupported ``model_type``,
-            or is refused by transformers or by the model class.
+            message lists the presets), a pretrained model that cannot be found or converted, or, naming
+            the file and the field, the ``config.json`` is not a JSON object, leaves out a required field,
+            gives one a wrong value, has an unsupported ``model_type``, or is refused by transformers or by the
+            model class.
     """
     if str(model) in PRESETS:
         return PRESETS[str(model)]()
