@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.real_model import VERDICT_PREFIX, verdict_lines
 from reference.benchmark.cli import OneLineParser
 from reference.benchmark.report import write_whole
 
@@ -37,8 +38,12 @@ class ConformanceReport:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.outcomes: dict[str, str] = {}
+        self.real_model: dict[str, dict] = {}  # mode -> the real-model tests' verdict (conformance/real_model.py)
 
     def pytest_runtest_logreport(self, report):
+        for name, value in report.user_properties:
+            if name.startswith(VERDICT_PREFIX):
+                self.real_model.setdefault(value["mode"], {}).update(value)
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             known = report.outcome == "skipped" and hasattr(report, "wasxfail")  # a known finding, xfailed
             self.outcomes[report.nodeid] = "xfailed" if known else report.outcome
@@ -67,6 +72,10 @@ class ConformanceReport:
                 f"{len(rules)} rules: " + ", ".join(f"{totals[k]} {k}" for k in OUTCOMES)
                 + ("" if every else " (--conformance-table lists every rule)")
             )  # fmt: skip
+        if self.real_model:
+            terminalreporter.section("conformance: the real model, per mode (conformance/test_real_gemma3.py)")
+            for line in verdict_lines(self.real_model):
+                terminalreporter.write_line(line)
         path = self.config.getoption("conformance_report")
         if path:  # written even when nothing ran, so that no older report is mistaken for this run's
             doc = {
@@ -79,6 +88,7 @@ class ConformanceReport:
                 "cwd": str(self.config.invocation_params.dir),
                 "rules": {rule: dict(rules[rule]) for rule in sorted(rules)},
                 "tests": dict(sorted(self.outcomes.items())),
+                "real_model": self.real_model,
             }
             try:
                 write_whole(Path(path), json.dumps(doc, indent=2))

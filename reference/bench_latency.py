@@ -153,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "themselves, at most 512.",
     )
     default = " (default: %(default)s)"
-    parser.add_argument("--model", type=_model, default="llama-tiny", help="preset name or checkpoint dir" + default)
+    parser.add_argument(
+        "--model",
+        type=_model,
+        default="llama-tiny",
+        help="preset name, gemma-3-270m (pretrained weights), a .gguf file or a checkpoint dir" + default,
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="prompts per generate call" + default)
     parser.add_argument("--input-len", type=positive_int, default=32, help="prompt tokens" + default)
     parser.add_argument("--output-len", type=positive_int, default=128, help="generated tokens" + default)

@@ -19,6 +19,7 @@ from reference.config import (
     default_capture_sizes,
     echo,
 )
+from reference.models import pretrained
 
 DEFAULT_MAX_MODEL_LEN = 2048  # cap on the default; long-context models would otherwise get huge KV caches
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,12 +144,14 @@ def engine_config(
 
 
 def load_tokenizer(model: str, path: str | None):
-    """The transformers tokenizer at ``path`` (default: the model directory's, if it has one) or None.
+    """The transformers tokenizer at ``path`` (default: the model directory's, if it has one; a pretrained
+    model's conversion has its own) or None.
 
     Raises:
         ValueError: ``path`` holds no loadable tokenizer.
     """
     if path is None:
+        model = pretrained.resolve(model)  # a pretrained model's tokenizer is in its conversion
         if not (os.path.isdir(model) and any(os.path.exists(os.path.join(model, f)) for f in _TOKENIZER_FILES)):
             return None
         path = model

@@ -25,6 +25,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from reference import parallel
 from reference.config import echo
+from reference.models import pretrained
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
 from reference.models.loader import load_checkpoint
@@ -62,22 +63,25 @@ MULTIMODAL = {"gemma3": ("gemma3_text", ("model_type", "hidden_size", "num_hidde
 
 
 def model_config(model: str | Path) -> PretrainedConfig:
-    """The transformers config of a preset name or a local checkpoint directory.
+    """The transformers config of a preset name, a pretrained model (``gemma-3-270m``, a ``.gguf`` file) or a
+    local checkpoint directory.
 
-    A directory's ``config.json`` is checked (:func:`check_config_json`), then read with
+    A pretrained model is its conversion's directory (:func:`reference.models.pretrained.resolve`). A
+    directory's ``config.json`` is checked (:func:`check_config_json`), then read with
     ``AutoConfig.from_pretrained(directory, local_files_only=True)`` (offline), then checked by the model
     class (its ``check_config``, if it has one). For a multimodal config (``MULTIMODAL``) the result is its
     language model's config (:func:`language_model_config`).
 
     Raises:
         ValueError: one line: ``model`` is neither a preset nor a directory with ``config.json`` (the
-            message lists the presets), or, naming the file and the field, the ``config.json`` is not a JSON
-            object, leaves out a required field, gives one a wrong value, has an unsupported ``model_type``,
-            or is refused by transformers or by the model class.
+            message lists the presets), a pretrained model that cannot be found or converted, or, naming
+            the file and the field, the ``config.json`` is not a JSON object, leaves out a required field,
+            gives one a wrong value, has an unsupported ``model_type``, or is refused by transformers or by the
+            model class.
     """
     if str(model) in PRESETS:
         return PRESETS[str(model)]()
-    path = Path(model)
+    path = Path(pretrained.resolve(model))
     file = path / "config.json"
     if not file.is_file():
         if not str(model).strip():  # Path('') is '.', a directory
@@ -85,8 +89,9 @@ def model_config(model: str | Path) -> PretrainedConfig:
         else:
             what = "a directory without config.json" if path.is_dir() else "neither a preset nor a directory"
         raise ValueError(
-            f"model: {echo(str(model))} is {what}; expected a preset ({', '.join(PRESETS)}) or a "
-            "transformers checkpoint directory containing config.json and *.safetensors"
+            f"model: {echo(str(model))} is {what}; expected a preset ({', '.join(PRESETS)}), a pretrained "
+            f"model ({', '.join(pretrained.PACKAGED)}), a .gguf file or a transformers checkpoint directory "
+            "containing config.json and *.safetensors"
         )
     fields = check_config_json(file)
     try:
@@ -225,12 +230,14 @@ def build_model(
     at construction in float32 on purpose (the rotary cos/sin table) stay float32. Weights:
 
     * checkpoint directory: loaded from its safetensors files (:func:`~reference.models.loader.load_checkpoint`);
+    * pretrained model (``gemma-3-270m``, a ``.gguf`` file): its converted checkpoint directory, likewise;
     * ``toy-llama``: its closed-form values;
     * other presets: :func:`init_random_weights` with ``seed``;
     * on the meta device, none of these: shapes only, nothing drawn or read.
 
     Args:
-        model: preset name (``PRESETS``) or path of a transformers checkpoint directory.
+        model: preset name (``PRESETS``), pretrained model name or ``.gguf`` path
+            (:mod:`reference.models.pretrained`) or path of a transformers checkpoint directory.
         ops: custom-op selection the layers are built with (decides native vs custom per op).
         dtype: parameter dtype, e.g. ``torch.bfloat16``.
         device: e.g. ``"cuda"``, ``"cpu"``, or ``"meta"`` (shapes only, no memory).
@@ -262,7 +269,7 @@ def build_model(
     if device.type == "meta":
         return net.eval()  # shapes only: no weight is drawn or read
     if str(model) not in PRESETS:
-        load_checkpoint(net, model)
+        load_checkpoint(net, pretrained.resolve(model))
     elif config.model_type not in CLOSED_FORM_MODEL_TYPES:
         init_random_weights(net, seed)
     return net.eval()

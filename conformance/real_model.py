@@ -1,0 +1,143 @@
+"""The real pretrained model of the suite (Gemma 3 270M, ``reference.models.pretrained``): its prompts, the
+oracle's greedy tokens, teacher-forced negative log-likelihoods and the per-mode verdict.
+
+Random weights have flat logits, so greedy tokens tie and flip on the last bit; a trained model has clear
+winners at most positions, which makes "the same tokens as transformers" a meaningful rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MODEL = "gemma-3-270m"
+NEW_TOKENS = 32
+# A pretrained model's run in our suite must not skip silently in CI: .ci/run sets this, so a missing
+# package fails there instead of skipping.
+REQUIRED_ENV = "REFERENCE_REAL_MODEL_REQUIRED"
+README = Path(__file__).parents[1] / "README.md"
+
+# Varied real prompts, all generated in one batch (different lengths: the engine batches and pads them):
+# code, facts, a list, a dialogue, markup, prose, and one longer than the model's 512-token sliding window
+# (README.md's opening, about 600 tokens), so the local layers' window mask is crossed in prefill and decode.
+PROMPTS = (
+    "def fibonacci(n):",
+    "import numpy as np\n\ndef softmax(x):\n",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "Monday, Tuesday, Wednesday,",
+    "Q: What is the boiling point of water at sea level in degrees Celsius?\nA:",
+    "<html>\n<head>\n<title>",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old woodcutter and his"
+    " daughter. Every morning, before the sun rose, the woodcutter",
+    README.read_text()[:2600],
+)
+# The teacher-forced text of the bf16 rule: real prose and code of a few hundred tokens (this suite's own
+# README, from its section on why use_inductor=False), fixed by position, not by content.
+NLL_TEXT_SLICE = slice(1000, 2000)
+
+
+def nll_text() -> str:
+    """The teacher-forced text of the bf16 likelihood rule."""
+    return README.read_text()[NLL_TEXT_SLICE]
+
+
+@dataclass(frozen=True)
+class OracleGreedy:
+    """transformers' greedy continuation of one prompt.
+
+    Attributes:
+        tokens: the ``NEW_TOKENS`` new token ids.
+        gaps: at each new token, the oracle's best logit minus its second best (float32 logits, nats).
+    """
+
+    tokens: list[int]
+    gaps: list[float]
+
+
+@torch.no_grad()
+def oracle_greedy(hf_model: nn.Module, prompt_ids: list[int], new_tokens: int = NEW_TOKENS) -> OracleGreedy:
+    """transformers' ``generate`` (greedy, no EOS stop: the engine's ``ignore_eos``) for one prompt."""
+    out = hf_model.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    top2 = [scores[0].float().topk(2).values for scores in out.scores]
+    return OracleGreedy(out.sequences[0, len(prompt_ids) :].tolist(), [float(a - b) for a, b in top2])
+
+
+def first_divergence(ours: list[int], oracle: OracleGreedy, near_tie: float) -> int | None:
+    """The first position where ``ours`` differs from the oracle's tokens (as long) and the oracle's choice
+    was not a near tie (its two best logits more than ``near_tie`` apart); None if there is none. Past a
+    tied divergence the sequences differ, so the comparison stops there."""
+    for i, (a, b) in enumerate(zip(ours, oracle.tokens)):
+        if a != b:
+            return None if oracle.gaps[i] <= near_tie else i
+    return None
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token negative log-likelihood, nats: ``logits`` [T, vocab] (any float dtype, computed in float32),
+    ``targets`` [T] int64 -> [T] float32."""
+    return -torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A bf16 run's teacher-forced likelihood against float32's, over T tokens.
+
+    Attributes:
+        mean: mean over tokens of (bf16 NLL - float32 NLL), nats per token.
+        stderr: standard error of that mean: std of the per-token differences / sqrt(T).
+        agreement: fraction of positions where the bf16 argmax equals the float32 argmax.
+    """
+
+    mean: float
+    stderr: float
+    agreement: float
+
+
+def drift(nll: torch.Tensor, ref_nll: torch.Tensor, argmax: torch.Tensor, ref_argmax: torch.Tensor) -> Drift:
+    """The :class:`Drift` of per-token NLLs ``nll`` against ``ref_nll`` ([T] float32 each) and argmaxes."""
+    diff = (nll - ref_nll).double()
+    return Drift(
+        float(diff.mean()),
+        float(diff.std() / math.sqrt(diff.numel())),
+        float((argmax == ref_argmax).double().mean()),
+    )
+
+
+# The budget of a mode's bf16 drift (conformance/test_real_gemma3.py explains it): SIGMAS standard errors.
+SIGMAS = 5
+
+
+def drift_budget(eager: Drift) -> float:
+    """Nats per token a bf16 mode's |mean drift| may reach: twice eager's plus ``SIGMAS`` of eager's
+    standard errors (the suite's rule "a mode may round differently, not be less accurate", with the noise
+    of a mean over finitely many tokens)."""
+    return 2 * abs(eager.mean) + SIGMAS * eager.stderr
+
+
+# The per-mode verdict: what the tests record (``record_property`` names starting with VERDICT_PREFIX, each a
+# dict with a "mode"), merged per mode by conformance/report.py, printed at the end of a run and written to
+# --conformance-report's JSON under "real_model".
+VERDICT_PREFIX = "real_model_"
+
+
+def verdict_lines(verdict: dict[str, dict]) -> list[str]:
+    """The verdict table's lines: per mode, greedy tokens equal to transformers' (prompts), the bf16 NLL
+    drift from float32 in nats per token against its budget, and the bf16 greedy agreement with float32."""
+    lines = [f"{'mode':<17} {'fp32 tokens equal':>17} {'bf16 NLL drift':>15} {'budget':>8} {'bf16 agreement':>15}"]
+    for mode, row in verdict.items():
+        equal = f"{row['equal']}/{row['prompts']}" if "equal" in row else "-"
+        nll = f"{row['nll_drift']:+.4f}" if "nll_drift" in row else "-"
+        budget = f"{row['budget']:.4f}" if "budget" in row else "-"
+        agree = f"{row['agreement']:.1%}" if "agreement" in row else "-"
+        lines.append(f"{mode:<17} {equal:>17} {nll:>15} {budget:>8} {agree:>15}")
+    return lines
