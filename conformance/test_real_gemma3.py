@@ -7,7 +7,7 @@ a run loads the model and computes the oracle once.
 
 Rules:
 
-* float32, every mode: greedy tokens of ``conformance/real_model.py``'s eight prompts, generated in one
+* float32, every mode (on a CPU a graph mode's run is its graph-less twin's, ``CPU_SAME_RUN``): greedy tokens of ``conformance/real_model.py``'s eight prompts, generated in one
   batch by the engine, equal transformers' ``generate`` for 32 new tokens each, except after a position
   where the oracle's two best logits are within ``NEAR_TIE`` (there rounding may pick either).
 * bfloat16, every compiled mode: the teacher-forced NLL of a fixed text (a prefill step, then decode steps)
@@ -35,6 +35,7 @@ from reference.config import mode_config
 from reference.models import pretrained
 from reference.models.registry import build_model
 from reference.ops import CustomOpSelection
+from reference.ops.custom_op import registered_custom_ops
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.slow, pytest.mark.xdist_group("real_gemma3")]
 
@@ -79,11 +80,25 @@ def oracle(hf_model, prompt_ids) -> list[real_model.OracleGreedy]:
 
 
 _outputs: dict[str, list] = {}
+# On a CPU nothing is captured: a graph mode runs what the same mode without graphs runs (level, Inductor and
+# custom ops equal: asserted in _cpu_run), so one run serves both and halves this file's minutes of CI.
+CPU_SAME_RUN = {"breakable": "eager", "no_inductor_full": "no_inductor", "inductor_full": "inductor"}
+
+
+def _cpu_run(mode: str) -> str:
+    """The mode whose CPU run ``mode``'s is (itself, or its graph-less counterpart)."""
+    twin = CPU_SAME_RUN.get(mode, mode)
+    ops = {name: CustomOpSelection(mode_config(m)) for name, m in (("a", mode), ("b", twin))}
+    same_ops = all(ops["a"].is_enabled(op) == ops["b"].is_enabled(op) for op in registered_custom_ops())
+    a, b = mode_config(mode), mode_config(twin)
+    assert same_ops and (a.level, a.use_inductor) == (b.level, b.use_inductor), (mode, twin)
+    return twin
 
 
 def generate(mode: str, impl, prompt_ids: list[list[int]]) -> list:
     """``mode``'s engine outputs (fp32, CPU) for the prompts as text, all in one ``generate`` call: greedy,
-    ``NEW_TOKENS`` each (``ignore_eos``). One run per mode and session."""
+    ``NEW_TOKENS`` each (``ignore_eos``). One run per CPU-distinct mode (``_cpu_run``) and session."""
+    mode = _cpu_run(mode)
     if mode not in _outputs:
         llm = LLM(
             real_model.MODEL,
@@ -154,7 +169,9 @@ DECODED = 8
 
 
 def bf16_drift(mode: str, impl, source, nll_ids, float32_nll) -> real_model.Drift:
-    """``mode``'s bf16 drift from float32 over the text, teacher-forced: logits at every position."""
+    """``mode``'s bf16 drift from float32 over the text, teacher-forced: logits at every position (one run
+    per CPU-distinct mode, ``_cpu_run``)."""
+    mode = _cpu_run(mode)
     if mode not in _bf16_runs:
         prefill = len(nll_ids) - DECODED
         config = mode_config(mode, cudagraph_capture_sizes=[1, prefill])  # the steps' own sizes: no padding
