@@ -82,8 +82,8 @@ def render(rows: dict[str, dict[str, object]]) -> str:
         "# Mutation testing results",
         "",
         "Written by `./run mutate` (mutation/summary.py) from `mutmut results`; do not edit by hand.",
-        "Score = (killed + timeout) / (killed + timeout + survived + no tests); equivalent mutants "
-        "(mutation/equivalent.txt) are left out.",
+        "Score = (killed + timeout) / (killed + timeout + survived + no tests);",
+        "equivalent mutants (mutation/equivalent.txt) are left out.",
         "",
         "| module | date (UTC) | mutmut | commit | " + " | ".join(COLUMNS) + " | score |",
         "|---" * (len(COLUMNS) + 5) + "|",
