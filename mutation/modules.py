@@ -31,7 +31,7 @@ class Module:
 MODULES: dict[str, Module] = {
     "config": Module(
         sources=("reference/config/*.py",),
-        tests=("conformance/test_config.py",),
+        tests=("conformance/test_config.py", "conformance/test_config_rules.py"),
     ),
     "engine.sampling": Module(
         sources=("reference/engine/sampling.py",),
