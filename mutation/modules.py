@@ -35,7 +35,11 @@ MODULES: dict[str, Module] = {
     ),
     "engine.sampling": Module(
         sources=("reference/engine/sampling.py",),
-        tests=("conformance/test_sampling.py", "conformance/test_sampling_rules.py"),
+        tests=(
+            "conformance/test_sampling.py",
+            "conformance/test_sampling_rules.py",
+            "conformance/test_sampling_edges.py",
+        ),
     ),
 }
 
