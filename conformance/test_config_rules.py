@@ -25,6 +25,12 @@ SPLITTING_AT_LEVEL_2 = (
 # (keywords of CompilationConfig, the whole error line)
 REFUSED = {
     "full": ({"cudagraph_mode": "full"}, FULL),
+    "piecewise_at_level_2": (
+        {"level": 2, "cudagraph_mode": "piecewise"},
+        "cudagraph_mode='piecewise' needs level=3 (the piecewise backend) or level=0 (breakable graphs of the eager "
+        "model), got level=2, which compiles one whole graph; use level 0 or 3, or cudagraph_mode='none' or "
+        "'full_decode_only'",
+    ),
     "inductor_config_not_a_dict": (
         {"inductor_compile_config": [1]},
         "inductor_compile_config: expected a dict with string keys (Inductor config names), got [1]",
@@ -127,8 +133,11 @@ def test_for_eager_refuses_with_the_way_out(settings, line):
         {"custom_ops": ["+rms_norm", "-silu_and_mul"]},  # different ops may take different signs
         {"inductor_compile_config": {"max_fusion_size": 32}},  # an int for an int option
         {"inductor_compile_config": {"cpu_gpu_bw": 40}},  # an int for a float option
+        # only bool/int/float/str options are type-checked; a list option's value is Inductor's to judge
+        {"inductor_compile_config": {"custom_should_partition_ops": ("reference::attention",)}},
     ],
-    ids=["largest_size", "custom_ops_none", "plus_and_minus_of_two_ops", "int_option", "int_for_float_option"],
+    ids=["largest_size", "custom_ops_none", "plus_and_minus_of_two_ops", "int_option", "int_for_float_option",
+         "tuple_for_list_option"],
 )
 def test_values_at_the_edge_of_a_check_are_accepted(settings):
     config = CompilationConfig(**settings)
