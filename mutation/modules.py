@@ -41,6 +41,14 @@ MODULES: dict[str, Module] = {
             "conformance/test_sampling_edges.py",
         ),
     ),
+    "models.checkpoint": Module(
+        sources=("reference/models/loader.py", "reference/models/safetensors_files.py"),
+        tests=(
+            "conformance/test_loader.py",
+            "conformance/test_checkpoint_errors.py",
+            "conformance/test_checkpoint_layouts.py",
+        ),
+    ),
 }
 
 
