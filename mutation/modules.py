@@ -47,6 +47,7 @@ MODULES: dict[str, Module] = {
             "conformance/test_loader.py",
             "conformance/test_checkpoint_errors.py",
             "conformance/test_checkpoint_layouts.py",
+            "conformance/test_checkpoint_files.py",
         ),
     ),
 }
