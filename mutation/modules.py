@@ -48,6 +48,7 @@ MODULES: dict[str, Module] = {
             "conformance/test_checkpoint_errors.py",
             "conformance/test_checkpoint_layouts.py",
             "conformance/test_checkpoint_files.py",
+            "conformance/test_checkpoint_missing.py",
         ),
     ),
 }
