@@ -1,0 +1,65 @@
+"""``./run mutate`` (mutation/): its arguments, its module map, and the counts its results files are made of.
+
+Mutation testing itself is not run here (it takes minutes per module); these check the machinery around it.
+"""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mutation import summary
+from mutation.modules import MODULES
+
+pytestmark = pytest.mark.requires("components")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_run_mutate_refuses_an_unknown_module_in_one_line_with_exit_status_2():
+    proc = subprocess.run([str(ROOT / "run"), "mutate", "no.such.module"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "'no.such.module'" in proc.stderr and "config" in proc.stderr and "engine.sampling" in proc.stderr
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_module_mutates_existing_files_and_names_existing_test_files(name):
+    module = MODULES[name]
+    for pattern in module.sources:
+        assert glob.glob(str(ROOT / pattern)), f"{name}: {pattern} matches no file"
+    for test_file in module.tests:
+        assert (ROOT / test_file).is_file(), f"{name}: no {test_file}"
+
+
+def test_mutmuts_result_lines_are_read_with_their_status():
+    output = "    reference.a.x_f__mutmut_1: killed\n    reference.a.xǁCǁg__mutmut_2: no tests\nnoise\n"
+    expected = {"reference.a.x_f__mutmut_1": "killed", "reference.a.xǁCǁg__mutmut_2": "no tests"}
+    assert summary.parse_results(output) == expected
+
+
+def test_the_score_leaves_equivalent_mutants_out_and_counts_unreached_ones_against_it():
+    statuses = {"k1": "killed", "k2": "killed", "t": "timeout", "s": "survived", "e": "survived", "n": "no tests",
+                "gone": "killed", "u": "not checked"}
+    row = summary.count(statuses, {"e": "same value either way", "gone": "was equivalent"})
+    assert (row["killed"], row["timeout"], row["survived"], row["no tests"], row["equivalent"]) == (3, 1, 1, 1, 1)
+    assert row["other"] == 1 and row["mutants"] == 8
+    assert row["score"] == round(4 / 6, 4)
+    assert row["open"] == ["n: no tests", "s: survived"]
+    assert row["stale_equivalent"] == ["gone"]  # listed as equivalent, but a test kills it
+
+
+def test_an_equivalent_mutant_without_a_reason_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "equivalent.txt"
+    path.write_text("# comment\nreference.a.x_f__mutmut_1  the same value\nreference.a.x_f__mutmut_2\n")
+    with pytest.raises(ValueError, match=r"^equivalent.txt:3: expected 'MUTANT_NAME  REASON'"):
+        summary.load_equivalent(path)
+
+
+def test_every_committed_equivalent_mutant_names_a_mutant_of_the_package_and_a_reason():
+    for name, reason in summary.load_equivalent().items():
+        assert name.startswith("reference.") and "__mutmut_" in name and reason, name

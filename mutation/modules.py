@@ -1,0 +1,66 @@
+"""Which code each mutation-testing module mutates, and which test files may kill its mutants.
+
+A module is a name given to ``./run mutate``: a few source files and the narrow test files that exercise them,
+so that one module's run fits a 2-core machine in minutes. mutmut then runs, for each mutant, only those of
+these tests that called the mutated function while it collected its stats, so the lists may be generous
+within a module's files, but never the whole suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class UnknownModule(ValueError):
+    """A name given to ``./run mutate`` is not a module of :data:`MODULES`."""
+
+
+@dataclass(frozen=True)
+class Module:
+    """One unit of a mutation run.
+
+    Attributes:
+        sources: glob patterns of the files mutmut mutates, relative to the repository root.
+        tests: the test files (relative to the repository root) whose tests may kill those mutants.
+    """
+
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+MODULES: dict[str, Module] = {
+    "config": Module(
+        sources=("reference/config/*.py",),
+        tests=("conformance/test_config.py", "conformance/test_config_rules.py"),
+    ),
+    "engine.sampling": Module(
+        sources=("reference/engine/sampling.py",),
+        tests=(
+            "conformance/test_sampling.py",
+            "conformance/test_sampling_rules.py",
+            "conformance/test_sampling_edges.py",
+        ),
+    ),
+    "models.checkpoint": Module(
+        sources=("reference/models/loader.py", "reference/models/safetensors_files.py"),
+        tests=(
+            "conformance/test_loader.py",
+            "conformance/test_checkpoint_errors.py",
+            "conformance/test_checkpoint_layouts.py",
+            "conformance/test_checkpoint_files.py",
+            "conformance/test_checkpoint_missing.py",
+        ),
+    ),
+}
+
+
+def resolve(names: list[str]) -> list[str]:
+    """The modules to run: ``names`` in order, or every module when ``names`` is empty.
+
+    Raises:
+        UnknownModule: a name is not in :data:`MODULES`; the message names it and lists the allowed ones.
+    """
+    for name in names:
+        if name not in MODULES:
+            raise UnknownModule(f"module: unknown {name!r}; expected one of {', '.join(MODULES)}")
+    return list(names) or list(MODULES)
