@@ -1,4 +1,4 @@
-"""``./run mutate`` (mutation/): its arguments, its module map, and the counts its results files are made of.
+"""``./run mutate`` (conformance/mutation/): its arguments, its module map, and the counts its results files are made of.
 
 Mutation testing itself is not run here (it takes minutes per module); these check the machinery around it.
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mutation import summary
-from mutation.modules import MODULES
+from conformance.mutation import summary
+from conformance.mutation.modules import MODULES
 
 pytestmark = pytest.mark.requires("components")
 

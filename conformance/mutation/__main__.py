@@ -1,4 +1,4 @@
-"""``./run mutate [--resume] [--workers N] [MODULE ...]``: mutation testing of the modules in mutation/modules.py.
+"""``./run mutate [--resume] [--workers N] [MODULE ...]``: mutation testing of the modules in ``modules.py``.
 
 The tool is mutmut 3 (the ``mutate`` extra). It was picked over cosmic-ray for speed on a small machine: mutmut
 compiles every mutant of a file into one copy of it, switched by an environment variable, and forks each
@@ -7,8 +7,8 @@ the tests that called the mutated function. cosmic-ray writes each mutant to dis
 command per mutant, paying torch's import and pytest's collection every time.
 
 For each MODULE (all of them when none is given), in its own directory ``build/mutate/MODULE/``
-(mutation/workspace.py): ``mutmut run`` with one worker (``--workers``), then ``mutmut results``, counted and
-written to mutation/results.json and mutation/RESULTS.md (mutation/summary.py). A fresh run starts from
+(``workspace.py``): ``mutmut run`` with one worker (``--workers``), then ``mutmut results``, counted and
+written to ``results.json`` and ``RESULTS.md`` here (``summary.py``). A fresh run starts from
 nothing; ``--resume`` continues an interrupted one (mutmut keeps the verdicts it reached). Exit status 2 for
 bad arguments, 1 when mutmut fails.
 """
@@ -23,8 +23,8 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 
-from mutation import summary, workspace
-from mutation.modules import MODULES, UnknownModule, resolve
+from conformance.mutation import summary, workspace
+from conformance.mutation.modules import MODULES, UnknownModule, resolve
 
 # mutmut's own console entry point; `python -m mutmut` would import its __main__ twice
 MUTMUT = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]

@@ -1,10 +1,10 @@
 """The results files: per module, what mutmut reported, counted, with the equivalent mutants set apart.
 
 Input is mutmut's own output: ``mutmut results --all true`` prints one ``NAME: STATUS`` line per mutant.
-``mutation/equivalent.txt`` names the surviving mutants that change nothing observable, one per line:
+``conformance/mutation/equivalent.txt`` names the surviving mutants that change nothing observable, one per line:
 ``NAME  REASON``. The score is (killed + timeout) / (killed + timeout + survived + no tests): a mutant no
-test reached counts against it, an equivalent one is left out. ``mutation/results.json`` keeps one row per
-module (its date, mutmut's version, the commit); ``mutation/RESULTS.md`` is rendered from it.
+test reached counts against it, an equivalent one is left out. ``conformance/mutation/results.json`` keeps one row per
+module (its date, mutmut's version, the commit); ``conformance/mutation/RESULTS.md`` is rendered from it.
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ def render(rows: dict[str, dict[str, object]]) -> str:
     lines = [
         "# Mutation testing results",
         "",
-        "Written by `./run mutate` (mutation/summary.py) from `mutmut results`; do not edit by hand.",
+        "Written by `./run mutate` (conformance/mutation/summary.py) from `mutmut results`; do not edit by hand.",
         "Score = (killed + timeout) / (killed + timeout + survived + no tests);",
-        "equivalent mutants (mutation/equivalent.txt) are left out.",
+        "equivalent mutants (conformance/mutation/equivalent.txt) are left out.",
         "",
         "| module | date (UTC) | mutmut | commit | " + " | ".join(COLUMNS) + " | score |",
         "|---" * (len(COLUMNS) + 5) + "|",

@@ -13,9 +13,9 @@ import json
 import shutil
 from pathlib import Path
 
-from mutation.modules import MODULES
+from conformance.mutation.modules import MODULES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "mutate"
 # what the tests need besides the package: mutmut copies these into its mutants/ directory
 LINKED = ("reference", "conformance", "conftest.py", "fixtures")
