@@ -448,10 +448,12 @@ def test_O_digit_and_dotted_fields_combine():
     assert args.modes == ["inductor"] and args.compilation_config == {"custom_ops": ["none"]}
 
 
+@pytest.mark.parametrize("after", [[], ["-O3"], ["-tp", "1"], ["--modes", "eager"]], ids=["last", "O3", "tp", "modes"])
 @pytest.mark.parametrize("flag", ["-O.level", "--compilation-config.level"])
-def test_a_dotted_field_without_a_value_is_a_usage_error(capsys, flag):
+def test_a_dotted_field_without_a_value_is_a_usage_error(capsys, flag, after):
+    """The next argument is the value unless it is a flag (a negative number is a value)."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", "toy-llama", flag])
+        main(["--model", "toy-llama", flag, *after])
     assert exit_info.value.code == 2
     assert f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE" in capsys.readouterr().err
 

@@ -381,10 +381,13 @@ def test_weights_larger_than_the_machine_are_refused_before_any_is_built(tmp_pat
 @pytest.mark.parametrize(
     "weights, cache, blamed",
     [(0, 9, "the KV cache and input buffers need 9.0 GiB"), (9, 1, r"the weights \(9.0 GiB in bfloat16\) need"),
-     (6, 6, r"the weights \(6.0 GiB in bfloat16\) and the KV cache and input buffers of .* \(6.0 GiB\)")],
+     (6, 6, r"the weights \(6.0 GiB in bfloat16\) and the KV cache and input buffers of .* \(6.0 GiB\)"),
+     (900, 9, r"the weights \(900.0 GiB in bfloat16\) need more than .*; and the KV cache and input buffers of "
+              r"max_num_seqs x max_model_len \(1 x 1\) need 9.0 GiB")],
 )  # fmt: skip
 def test_the_memory_refusal_blames_what_does_not_fit(monkeypatch, weights, cache, blamed):
-    """8 GiB of memory: the cache alone, the weights alone, or only the two together too large."""
+    """8 GiB of memory: the cache alone, the weights alone, only the two together, or each too large (a
+    user who lowered only the cache's sizes would meet the weights' refusal next)."""
     monkeypatch.setattr(kv_cache.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 2**21}[name])
     with pytest.raises(ConfigError, match=blamed):
         kv_cache.check_fits(

@@ -75,9 +75,26 @@ def _bad_version(path):
     return path
 
 
+def _overwritten(start: int, value: bytes):
+    def damage(path):
+        write_gguf(path)
+        data = bytearray(path.read_bytes())
+        data[start : start + len(value)] = value
+        path.write_bytes(bytes(data))
+        return path
+
+    return damage
+
+
 CASES = [
     pytest.param(_truncated_data, r" is truncated: \d+ bytes, but its tensors' data needs \d+$", id="cut-data"),
     pytest.param(_truncated_header, r": truncated or corrupt GGUF header: the header ends at", id="cut-header"),
+    # a length the file cannot hold: refused before reading (it was a MemoryError or an OverflowError)
+    pytest.param(_overwritten(24, b"\xff" * 8), r": truncated or corrupt GGUF header", id="key-length-2**64"),
+    pytest.param(
+        _overwritten(24, (2**40).to_bytes(8, "little")), r": truncated or corrupt GGUF header", id="key-length-2**40"
+    ),
+    pytest.param(_overwritten(16, b"\xff\xff\xff\x7f"), r": truncated or corrupt GGUF header", id="kv-count"),
     pytest.param(_not_gguf, r" is not a GGUF file: it starts with b'PK", id="not-gguf"),
     pytest.param(_empty, r" is not a GGUF file: it starts with b''", id="empty"),
     pytest.param(_bad_version, r": GGUF version 99 is not supported; supported: \[2, 3\]", id="version"),

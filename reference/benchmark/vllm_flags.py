@@ -38,6 +38,17 @@ def _field_value(text: str) -> Any:
         return text
 
 
+def _is_flag(text: str) -> bool:
+    """Whether an argument is a flag (``-O3``, ``--modes``), not a value (``-1``, ``[1, 2]``)."""
+    if not text.startswith("-"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
 def _level(flag: str, text: str) -> str:
     if text not in OPTIMIZATION_LEVEL_MODES:
         raise ConfigError(f"{flag}: optimization level expected 0, 1, 2 or 3, got {echo(text)}")
@@ -81,7 +92,7 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
                 raise ConfigError(f"{prefix}FIELD=VALUE: no field name in {echo(arg)}")
             if not sep:
                 text = next(args, None)
-                if text is None or text.startswith("--"):
+                if text is None or _is_flag(text):
                     raise ConfigError(f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE")
             if path_text in dotted:
                 raise ConfigError(f"-O.{path_text} given twice ({echo(arg)}); give each field once")

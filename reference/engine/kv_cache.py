@@ -50,13 +50,15 @@ def check_fits(
     sizes = f"max_num_seqs x max_model_len ({max_num_seqs} x {max_model_len})"
     have = f"the {available / 2**30:,.1f} GiB {where}"
     weights = f"the weights ({weight_bytes / 2**30:,.1f} GiB in {str(dtype).removeprefix('torch.')})"
+    cache = f"the KV cache and input buffers of {sizes} need {nbytes / 2**30:,.1f} GiB"
+    if weight_bytes > available:
+        also = f"; and {cache}" if nbytes > available else ""
+        raise ConfigError(
+            f"{weights} need more than {have}; choose a smaller model or dtype, or more tensor-parallel ranks{also}"
+        )
     if nbytes > available or not weight_bytes:
         raise ConfigError(
             f"{sizes}: the KV cache and input buffers need {nbytes / 2**30:,.1f} GiB, more than {have}; lower either"
-        )
-    if weight_bytes > available:
-        raise ConfigError(
-            f"{weights} need more than {have}; choose a smaller model or dtype, or more tensor-parallel ranks"
         )
     raise ConfigError(
         f"{weights} and the KV cache and input buffers of {sizes} ({nbytes / 2**30:,.1f} GiB) need more than {have}; "

@@ -53,16 +53,18 @@ class GGUFHeader:
 
 
 class _Reader:
-    """Little-endian reads from a binary file; a short read raises ``EOFError`` naming the offset."""
+    """Little-endian reads from a binary file; a field longer than the bytes left raises ``EOFError`` naming
+    the offset, before anything is read (a corrupt length would otherwise ask for up to 2**64 bytes)."""
 
     def __init__(self, file: BinaryIO):
         self.file = file
+        self.size = file.seek(0, 2)
+        file.seek(0)
 
     def take(self, size: int) -> bytes:
-        data = self.file.read(size)
-        if len(data) != size:
-            raise EOFError(f"the header ends at byte {self.file.tell()}, inside a {size}-byte field")
-        return data
+        if size > self.size - self.file.tell():
+            raise EOFError(f"the header ends at byte {self.size}, inside a {size}-byte field")
+        return self.file.read(size)
 
     def scalar(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
