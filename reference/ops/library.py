@@ -6,6 +6,13 @@ op's implementation on every device, registers a fake (shape) implementation for
 with Triton, swaps in a kernel. Layers call the reference in ``forward_native`` and the op in
 ``forward_custom`` (see :mod:`reference.ops.custom_op`).
 
+Registration. The ops are defined with ``torch.library.Library`` (schema inferred from ``impl``'s
+annotations, one kernel for every device, a CUDA kernel where there is one), not with
+``torch.library.custom_op``: the latter wraps each call in Python checks and an autograd kernel, about ten
+times the dispatcher's own cost per call (measured in perf/NOTES.md, v13), paid by every eager call of every
+op and, in torch's own piecewise graphs, by the attention op between the graphs. The ops serve inference and
+have no backward. vLLM registers its ops the same way for the same reason (``direct_register_custom_op``).
+
 Splitting ops. The ops the piecewise backend runs eagerly between CUDA graphs by default (attention and
 its stand-ins) carry ``torch.Tag.cudagraph_unsafe``, torch's own marker for an op that must not be
 captured (Inductor's graph partition cuts at it too). :func:`register_direct_call` lets the backend call
@@ -27,6 +34,9 @@ SPLITTING_TAG = torch.Tag.cudagraph_unsafe
 # What the Triton kernels are written for; other dtypes (float64 references) run the torch code on CUDA too.
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+# One library fragment holds every op of the namespace (the models' stand-in ops included); it must live
+# as long as the process, or torch drops the registrations.
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _DIRECT_CALLS: dict[str, Callable] = {}
 
 
@@ -60,10 +70,11 @@ def define_op(
             floating-point argument's dtype is one of ``TRITON_DTYPES`` (``impl`` runs otherwise).
         splitting: tag the op ``torch.Tag.cudagraph_unsafe``: a default splitting op.
     """
-    op = torch.library.custom_op(
-        f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args), tags=(SPLITTING_TAG,) if splitting else ()
-    )(impl)
-    op.register_fake(fake)
+    schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+    _LIBRARY.define(name + schema, tags=(SPLITTING_TAG,) if splitting else ())
+    # Every device runs impl (below autograd: these ops serve inference, and have no backward)
+    _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
     if cuda is not None and HAS_TRITON:
 
         def on_cuda(*args):
@@ -71,7 +82,7 @@ def define_op(
             dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
             return cuda(*args) if dtype in TRITON_DTYPES else impl(*args)
 
-        op.register_kernel("cuda")(on_cuda)
+        _LIBRARY.impl(name, on_cuda, "CUDA")
     return getattr(getattr(torch.ops, NAMESPACE), name)
 
 
