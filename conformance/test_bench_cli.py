@@ -458,6 +458,117 @@ def test_a_dotted_field_without_a_value_is_a_usage_error(capsys, flag, after):
     assert f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE" in capsys.readouterr().err
 
 
+ERROR = "python -m reference.bench_latency: error: "
+
+
+def _usage_error(argv: list[str], capsys) -> str:
+    """The stderr of ``main(argv)`` (after ``--model toy-llama``), which must exit 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "toy-llama", *argv])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [(["-O"], "-O"), (["-O", "--modes", "eager"], "-O"), (["-O", "-tp", "1"], "-O"), (["-O="], "-O"),
+     (["--optimization-level"], "--optimization-level"),
+     (["--optimization-level", "--modes", "eager"], "--optimization-level"),
+     (["--optimization-level="], "--optimization-level")],
+    ids=["O-last", "O-then-modes", "O-then-tp", "O-equals", "long-last", "long-then-modes", "long-equals"],
+)  # fmt: skip
+def test_an_optimization_level_without_a_value_is_one_wording(argv, flag, capsys):
+    """Was three wordings: a compilation config '' that is not JSON, argparse's 'expected one argument',
+    and a level expected, got '' (or got '--modes', the next flag taken as the value)."""
+    assert _usage_error(argv, capsys) == (
+        f"{ERROR}{flag}: no value; expected an optimization level 0, 1, 2 or 3 (see --help)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, value",
+    [(["-O7"], "7"), (["-O-1"], "-1"), (["-O3x"], "3x"), (["-Ox"], "x"), (["-O=7"], "7"), (["-O=-1"], "-1"),
+     (["-O", "7"], "7"), (["-O", "-1"], "-1")],
+    ids=["O7", "O-1", "O3x", "Ox", "O-equals-7", "O-equals--1", "O-space-7", "O-space--1"],
+)  # fmt: skip
+def test_a_bad_O_level_names_the_flag_the_value_and_the_levels(argv, value, capsys):
+    """-O-1, -O3x and -O=7 were argparse's 'unrecognized arguments'; -O -1 a compilation config of level -1."""
+    assert _usage_error(argv, capsys) == (
+        f"{ERROR}-O: optimization level expected 0, 1, 2 or 3, got '{value}' (see --help)\n"
+    )
+
+
+def test_O_equals_level_is_the_level_as_in_vllm():
+    """vLLM reads -O=3 as -O3 (as --optimization-level=3)."""
+    assert parse_args(["--model", "toy-llama", "-O=3"]).modes == ["inductor_full"]
+    assert parse_args(["--model", "toy-llama", "-O=0"]).modes == ["eager"]
+
+
+@pytest.mark.parametrize(
+    "argv, given",
+    [(["--optimization-level", "2", "-O2"], "twice (--optimization-level 2, -O2)"),
+     (["-O", "1", "--optimization-level=1"], "twice (-O 1, --optimization-level=1)"),
+     (["-O=3", "-O3"], "twice (-O=3, -O3)"),
+     (["-O3", "-O2", "-O1"], "3 times (-O3, -O2, -O1)")],
+    ids=["long-and-short", "spaced-and-equals", "equals-and-short", "three"],
+)  # fmt: skip
+def test_a_level_given_twice_echoes_what_was_typed(argv, given, capsys):
+    """Was '(-O2, -O2)' for --optimization-level 2 -O2."""
+    assert _usage_error(argv, capsys) == f"{ERROR}optimization level given {given}; give one (see --help)\n"
+
+
+@pytest.mark.parametrize(
+    "argv, level, config",
+    [(["-O0", "-O.custom_ops=['none']"], "-O0", "-O.custom_ops"),
+     (["-O.custom_ops=['none']", "-O0"], "-O0", "-O.custom_ops"),
+     (["--optimization-level", "0", "-cc.splitting_ops", "[]"], "--optimization-level 0", "-cc.splitting_ops"),
+     (["-O", "0", "-cc", "{'custom_ops': ['none']}"], "-O 0", '''-cc "{'custom_ops': ['none']}"'''),
+     (["-O0", "--compilation-config={'custom_ops': ['none']}"], "-O0",
+      '''--compilation-config="{'custom_ops': ['none']}"'''),
+     (["-O0", "-O", "{'custom_ops': ['none']}"], "-O0", '''-O "{'custom_ops': ['none']}"'''),
+     (["-O0", "-O.custom_ops=['none']", "-O.splitting_ops=[]"], "-O0", "-O.custom_ops, -O.splitting_ops")],
+    ids=["O0-dotted", "dotted-O0", "long-level-cc-dotted", "O-space-0-cc", "O0-long-config", "O0-O-config",
+         "O0-two-fields"],
+)  # fmt: skip
+def test_level_0_and_a_compilation_config_name_what_was_typed_and_why_they_conflict(argv, level, config, capsys):
+    """-O0 -O.custom_ops=... blamed --modes and --compilation-config, neither of them typed. -O0 is the eager
+    mode, enforce_eager, whose row runs no compilation config (as --modes eager with --compilation-config)."""
+    assert _usage_error(argv, capsys) == (
+        f"{ERROR}{level} runs the eager mode (enforce_eager), which takes no compilation config, so {config} "
+        f"cannot apply; drop {'them' if ', ' in config else 'it'}, or choose a compiled level (-O1 .. -O3) "
+        "(see --help)\n"
+    )
+
+
+def test_help_shows_the_dotted_field_spellings(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+    for spelling in ("-O.FIELD=VALUE", "-cc.FIELD=VALUE", "--compilation-config.FIELD=VALUE",
+                     "-O.inductor_compile_config.max_autotune=true"):  # fmt: skip
+        assert spelling in out, spelling
+
+
+@pytest.mark.eager
+def test_a_memory_check_error_ends_like_the_other_usage_errors(capsys):
+    """The memory check (kv_cache.check_fits, before the weights are built) is a usage error too: the
+    batch and lengths asked for; the CLI adds the '(see --help)' of its other errors, the library does not."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "llama-tiny", "--batch-size", str(10**8), "--input-len", "4", "--output-len", "2",
+              "--modes", "eager", "--num-iters-warmup", "0", "--num-iters", "1"])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{ERROR}max_num_seqs x max_model_len ({10**8} x 6)") and err.endswith(" (see --help)\n")
+    assert len(err.splitlines()) == 1, err
+    from reference.config import ConfigError
+    from reference.engine.kv_cache import check_fits
+
+    with pytest.raises(ConfigError) as error:
+        check_fits(2**62, torch.device("cpu"), 10**8, 6)
+    assert "--help" not in str(error.value)  # the library's message has no CLI wording
+
+
 def test_help_imports_neither_torch_nor_transformers():
     """--help answers at once: nothing heavy is imported before the flags are parsed."""
     code = (

@@ -37,6 +37,7 @@ from reference.benchmark.cli import (
     positive_int,
     seed,
     thread_count,
+    usage_error,
 )
 from reference.benchmark.vllm_flags import OPTIMIZATION_LEVEL_MODES, expand_vllm_spellings
 from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
@@ -177,13 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_config_fields,
         default=None,
         help="(-cc, -O) JSON or Python-literal dict overriding fields of the compiled modes' configs, "
-        "e.g. capture sizes or custom_ops; level, use_inductor and cudagraph_mode are set by --modes",
+        "e.g. capture sizes or custom_ops; or one field: -O.FIELD=VALUE, -cc.FIELD=VALUE or "
+        "--compilation-config.FIELD=VALUE (or VALUE as the next argument; JSON or a Python literal, else a "
+        "string), dots nest: -O.inductor_compile_config.max_autotune=true; fields and a whole dict merge, each "
+        "field given once; level, use_inductor and cudagraph_mode are set by --modes",
     )
     parser.add_argument(
         "--optimization-level",
         default=None,
         metavar="N",
-        help="(-O0 .. -O3) vLLM's optimization level, here the mode it stands for: "
+        help="(-O0 .. -O3, -O N, -O=N) vLLM's optimization level, here the mode it stands for: "
         + ", ".join(f"{n} {mode}" for n, mode in OPTIMIZATION_LEVEL_MODES.items())
         + " (vLLM: 0 no compilation nor graphs, 1 Inductor with piecewise graphs, 2 and 3 with full graphs too)",
     )
@@ -342,8 +346,11 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         doc = run(args)
-    except (ConfigError, CheckpointError) as err:  # found when a model is compiled, or its weights load
+    except CheckpointError as err:  # the weights' files, which no flag fixes
         print(f"{PROG}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except ConfigError as err:  # found when a model is checked against memory or compiled: the flags' doing
+        print(usage_error(PROG, str(err)), file=sys.stderr)
         sys.exit(2)
     except Interrupted as err:  # Ctrl-C before any mode finished: nothing to show
         print(f"{PROG}: {err}", file=sys.stderr)
@@ -352,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         if "tensor_parallel_size" not in str(err):
             raise
         if os.environ.get("RANK", "0") == "0":  # every rank finds the same error; one says it
-            print(f"{PROG}: error: {err}", file=sys.stderr)
+            print(usage_error(PROG, str(err)), file=sys.stderr)
         sys.exit(2)
     if _leave_group():  # every rank ran the same steps; one speaks
         return

@@ -20,8 +20,16 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def usage_error(prog: str, message: str) -> str:
+    """The line of a usage error, ``PROG: error: MESSAGE (see --help)``: what :class:`OneLineParser` prints,
+    and what a CLI prints for an error found after parsing that its flags can fix (a compilation config a
+    model refuses, a batch no memory holds). Not for the files or the machine (a truncated checkpoint, a
+    full disk), which --help cannot fix. The libraries' messages stay without the suffix."""
+    return f"{prog}: error: {message} (see --help)"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (``PROG: error: ...``) without the usage block above it; exit 2.
+    """argparse, but an error is one line (:func:`usage_error`) without the usage block above it; exit 2.
 
     Abbreviated long flags are not accepted (``allow_abbrev=False``, as vLLM's parser does): argparse would
     read ``--compilation`` as ``--compilation-config``, past the guard that refuses a config given twice.
@@ -32,7 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, usage_error(self.prog, message) + "\n")
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
