@@ -7,6 +7,12 @@ a fault reaches ``forward_native`` and ``forward_custom`` alike unless it is mea
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import inspect
+import tempfile
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -16,7 +22,7 @@ from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
 from reference.ops import attention, layernorm, rotary
 from reference.ops.attention_metadata import AttentionMetadata
-from reference.ops.library import TRITON_DTYPES
+from reference.ops.library import HAS_TRITON, TRITON_DTYPES
 
 _real_attention_torch = attention.attention_torch
 _real_attention_impl = attention.attention_impl
@@ -49,6 +55,49 @@ class _KernelsWithAWiderPrefillWindow:
         from reference.ops import triton_kernels
 
         triton_kernels.prefill_attention(q, kv_cache, seqs, max_query_len, out, scale, _wider(sliding_window), softcap)
+
+
+# The decode kernel's cache write (the new key and value, then the barrier), as the kernel's source has it
+_DECODE_WRITE_FIRST_LINE = "    new_k = tl.load("
+_DECODE_WRITE_LAST_LINE = "    tl.debug_barrier()"
+_DECODE_AFTER_THE_LOOP = "    out = tl.where(l_i"
+
+
+@functools.cache
+def _decode_kernel_writing_after_it_reads():
+    """``_decode_attention_kernel`` with its cache write moved after its attention loop: the step's own key
+    and value are read from the cache before they are written (what a write on another stream, or a
+    missing barrier that the hardware happens to expose, would do). Built from the real kernel's source,
+    so it follows every other change of the kernel; Triton needs the source in a file to compile it."""
+    from reference.ops import triton_kernels
+
+    src = inspect.getsource(triton_kernels._decode_attention_kernel.fn)
+    first = src.index(_DECODE_WRITE_FIRST_LINE)
+    last = src.index("\n", src.index(_DECODE_WRITE_LAST_LINE)) + 1
+    write, src = src[first:last], src[:first] + src[last:]
+    assert src.count(_DECODE_AFTER_THE_LOOP) == 1, "the decode kernel changed: update this fault's anchors"
+    src = src.replace(_DECODE_AFTER_THE_LOOP, write + _DECODE_AFTER_THE_LOOP)
+    header = (
+        "import triton\nimport triton.language as tl\n"
+        "from reference.ops.triton_kernels import _online_softmax_step, _scores\n"
+    )
+    path = Path(tempfile.mkdtemp(prefix="fault-decode-kernel-")) / "decode_kernel_writing_after_it_reads.py"
+    path.write_text(header + src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._decode_attention_kernel
+
+
+@contextlib.contextmanager
+def _decode_reads_before_its_cache_write():
+    if not HAS_TRITON:  # no kernel runs on a machine without Triton: nothing to plant
+        yield
+        return
+    from reference.ops import triton_kernels
+
+    with mock.patch.object(triton_kernels, "_decode_attention_kernel", _decode_kernel_writing_after_it_reads()):
+        yield
 
 
 def _prefill_before_the_cache_write(layer, md, q, k, v, out):
@@ -165,6 +214,15 @@ FAULTS = [
         "path and the decode kernel are right)",
         plant=patches(mock.patch.object(attention, "triton_kernels", _KernelsWithAWiderPrefillWindow(), create=True)),
         tests="test_prefill_attention_kernel_matches_torch_path",
+        device="cuda",
+    ),
+    Fault(
+        id="decode-kernel-reads-before-its-cache-write",
+        kind="attention",
+        description="the Triton decode attention writes the step's key and value to the cache after its attention "
+        "loop instead of before it, so each sequence attends to the stale entry at its own position",
+        plant=_decode_reads_before_its_cache_write,
+        tests="test_decode_attention_kernel_matches_torch_path",
         device="cuda",
     ),
     Fault(
