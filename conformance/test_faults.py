@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -41,9 +42,15 @@ def test_a_fault_plants_and_removes_its_patches(fault):
         pass
 
 
+@pytest.fixture(scope="module")
+def cpu_selection() -> dict[str, list[str]]:
+    """fault id -> the node ids its -k selects on cpu (one collection; each fault's run collects their files)."""
+    return selected_tests(CPU_FAULTS, "cpu")
+
+
 @pytest.mark.slow
-def test_every_cpu_faults_tests_select_at_least_one_test():
-    selected = selected_tests(CPU_FAULTS, "cpu")
+def test_every_cpu_faults_tests_select_at_least_one_test(cpu_selection):
+    selected = cpu_selection
     empty = [f.id for f in CPU_FAULTS if not selected[f.id]]
     assert not empty, f"these faults' -k expressions select no test on cpu: {empty}"
     assert not any(node.startswith("conformance/test_faults.py") for nodes in selected.values() for node in nodes)
@@ -55,9 +62,9 @@ def test_every_cpu_faults_tests_select_at_least_one_test():
     # the parallel faults' tests launch torchrun: 3-5x the others
     [pytest.param(f, id=f.id, marks=[pytest.mark.slow] if f.kind == "parallel" else []) for f in CPU_FAULTS],
 )
-def test_the_suite_catches(fault):
+def test_the_suite_catches(fault, cpu_selection):
     jobs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # faults running at once share the cores
-    test, note = run_fault(fault, "cpu", jobs)
+    test, note = run_fault(fault, "cpu", jobs, cpu_selection[fault.id])
     assert test, note
 
 
@@ -89,3 +96,25 @@ def test_list_prints_only_the_faults_only_names(capsys):
     ids = [f.id for f in CPU_FAULTS[:2]]
     assert faults_main(["--list", "--only", ",".join(reversed(ids))]) == 0
     assert capsys.readouterr().out.split() == ids  # the catalogue's order
+
+
+def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch):
+    """Collecting the whole suite was half of each fault's run on a CPU; the -k expression still applies."""
+    commands = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kwargs: commands.append(cmd) or _Exited())
+    fault = CPU_FAULTS[0]
+    selected = ["conformance/test_b.py::test_x[a]", "conformance/test_a.py::test_y", "conformance/test_b.py::test_z"]
+    run_fault(fault, "cpu", 1, selected)
+    (cmd,) = commands
+    assert cmd[3:5] == ["conformance/test_a.py", "conformance/test_b.py"] and "conformance" not in cmd
+    assert cmd[cmd.index("-k") + 1] == fault.tests
+
+
+def test_a_fault_whose_expression_selects_nothing_survives_without_running_the_suite(monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("ran pytest for no test"))
+    test, note = run_fault(CPU_FAULTS[0], "cpu", 1, [])
+    assert test is None and "selects no test on cpu" in note
+
+
+class _Exited:
+    returncode, stdout, stderr = 5, "", "no tests ran"

@@ -2,7 +2,8 @@
 
 For each fault of the catalogue visible on the device (``--device cpu``: the CPU-visible faults, gpu tests
 deselected; ``cuda``: all of them, gpu tests included) this runs ``pytest conformance --impl fault:ID -k
-TESTS -x`` in a fresh process (conformance/faults/run.py) and prints one line, ``FAULT_ID KIND caught
+TESTS -x`` in a fresh process, collecting only the files of the tests that ``-k`` selects (one collection
+finds them; conformance/faults/run.py) and prints one line, ``FAULT_ID KIND caught
 TEST_ID in S s`` or ``FAULT_ID KIND survived in S s``, then ``N caught, M survived``. Exit status 1 if any fault survived.
 A fault whose tests select nothing, or whose run errors before any test fails, survives (the reason goes to
 stderr). ``--jobs`` faults run at once, on either device; a fault marked ``alone`` (its test measures the
@@ -17,7 +18,7 @@ import sys
 import time
 
 from conformance.faults.catalogue import FAULTS
-from conformance.faults.run import run_fault
+from conformance.faults.run import run_fault, selected_tests
 from reference.benchmark.cli import OneLineParser
 
 
@@ -52,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
     # The parallel faults' tests start torchrun processes and take 3-5x as long as the others (65-71 s against
     # 12-20 s on the H200): started first, they run beside the rest instead of after them.
+    selection = selected_tests(faults, args.device)  # one collection; each fault's run collects only its files
     shared = sorted((f for f in faults if not f.alone), key=lambda f: f.kind != "parallel")
     alone = [f for f in faults if f.alone]
     survived = 0
 
     def timed(fault, jobs):
         start = time.perf_counter()
-        return (*run_fault(fault, args.device, jobs), time.perf_counter() - start)
+        return (*run_fault(fault, args.device, jobs, selection[fault.id]), time.perf_counter() - start)
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = zip(shared, pool.map(lambda f: timed(f, args.jobs), shared))
