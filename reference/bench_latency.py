@@ -27,11 +27,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
 from reference.benchmark.cli import (
     OneLineParser,
+    device_name,
+    mode_names,
+    model_name,
+    names_of,
     non_empty_path,
     non_negative_int,
     positive_int,
@@ -75,35 +79,6 @@ def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"{flag}: cannot write in {echo(str(directory))} ({err.strerror or err})")
 
 
-def _names(allowed: tuple[str, ...], kind: str) -> Callable[[str], list[str]]:
-    """Parser of a comma-separated list of ``kind`` names out of ``allowed``; '' (or only commas) gives [],
-    an empty name between commas is an error."""
-
-    def parse(text: str) -> list[str]:
-        if not text.replace(",", "").strip():  # '' or only commas: no names
-            return []
-        names = [n.strip() for n in text.split(",")]
-        if "" in names:
-            raise argparse.ArgumentTypeError(f"{echo(text)} has an empty name; choose from {', '.join(allowed)}")
-        unknown = [n for n in names if n not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(
-                f"unknown {echo(unknown)}; choose from {', '.join(allowed)} (comma-separated)"
-            )
-        if len(set(names)) != len(names):
-            raise argparse.ArgumentTypeError(f"{echo(text)} names a {kind} twice")
-        return names
-
-    return parse
-
-
-def _mode_names(text: str) -> list[str]:
-    names = _names(tuple(MODE_KWARGS), "mode")(text)
-    if not names:  # an empty list would otherwise fall back to the default, all modes
-        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(MODE_KWARGS)}")
-    return names
-
-
 def _config_fields(text: str) -> dict[str, Any]:
     try:
         fields = translate(config_fields(text))  # vLLM's mode / backend as level / use_inductor: --modes owns them
@@ -116,26 +91,6 @@ def _config_fields(text: str) -> dict[str, Any]:
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return fields
-
-
-def _model(text: str) -> str:
-    try:
-        from reference.models import registry  # transformers: after --help
-
-        registry.model_config(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("model: ")) from None
-    return text
-
-
-def _device(text: str) -> str:
-    try:
-        from reference.engine.arguments import resolve_device  # torch: after --help
-
-        resolve_device(text, name="--device")
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("--device: ")) from None
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     default = " (default: %(default)s)"
     parser.add_argument(
         "--model",
-        type=_model,
+        type=model_name,
         default="llama-tiny",
         help="preset name, gemma-3-270m (pretrained weights), a .gguf file or a checkpoint dir" + default,
     )
@@ -169,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-iters", type=positive_int, default=30, help="timed calls per mode" + default)
     parser.add_argument(
         "--modes",
-        type=_mode_names,
+        type=mode_names,
         default=None,
         help=f"comma-separated, run in this order (default: {','.join(MODE_KWARGS)}; 'eager' with --enforce-eager)",
     )
@@ -193,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
-    parser.add_argument("--device", type=_device, default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of random weights and of the prompts" + default)
     parser.add_argument(
         "--threads",
@@ -212,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--baselines",
-        type=_names(BASELINES, "baseline"),
+        type=names_of(BASELINES, "baseline"),
         default=[],
         help=f"comma-separated baselines to run too: {', '.join(BASELINES)} (default and '': none); hf-*: "
         "transformers generate on the same weights; torch-native: torch's own piecewise path (Inductor graph "

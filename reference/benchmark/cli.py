@@ -1,5 +1,6 @@
-"""What the command lines (``bench_latency``, ``report``, the perf suite's options) share: an argparse whose
-errors are one line, and the value types of their flags. Imports no torch (``--help`` must stay fast)."""
+"""What the command lines (``bench_latency``, ``bench_startup``, ``report``, the perf suite's options) share: an
+argparse whose errors are one line, and the value types of their flags. Imports no torch (``--help`` must stay
+fast)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from reference.benchmark.choices import MODE_KWARGS
 from reference.config import echo
 
 
@@ -93,3 +95,55 @@ def seed(text: str) -> int:
     if value is None or not 0 <= value < 2**63:  # reference.engine.arguments.SEED_LIMIT (a torch import)
         raise argparse.ArgumentTypeError(f"expected an int in [0, 2**63), got {echo(text)}")
     return value
+
+
+def names_of(allowed: tuple[str, ...], kind: str) -> Callable[[str], list[str]]:
+    """Parser of a comma-separated list of ``kind`` names out of ``allowed``; '' (or only commas) gives [],
+    an empty name between commas is an error."""
+
+    def parse(text: str) -> list[str]:
+        if not text.replace(",", "").strip():  # '' or only commas: no names
+            return []
+        names = [n.strip() for n in text.split(",")]
+        if "" in names:
+            raise argparse.ArgumentTypeError(f"{echo(text)} has an empty name; choose from {', '.join(allowed)}")
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {echo(unknown)}; choose from {', '.join(allowed)} (comma-separated)"
+            )
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"{echo(text)} names a {kind} twice")
+        return names
+
+    return parse
+
+
+def mode_names(text: str) -> list[str]:
+    """argparse type: comma-separated mode names (``MODE_KWARGS``), at least one."""
+    names = names_of(tuple(MODE_KWARGS), "mode")(text)
+    if not names:  # an empty list would otherwise fall back to the default, all modes
+        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(MODE_KWARGS)}")
+    return names
+
+
+def model_name(text: str) -> str:
+    """argparse type: a model the registry knows (preset, pretrained name, .gguf file or checkpoint dir)."""
+    try:
+        from reference.models import registry  # transformers: after --help
+
+        registry.model_config(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("model: ")) from None
+    return text
+
+
+def device_name(text: str) -> str:
+    """argparse type: ``cpu`` or ``cuda[:N]`` where this machine has it."""
+    try:
+        from reference.engine.arguments import resolve_device  # torch: after --help
+
+        resolve_device(text, name="--device")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--device: ")) from None
+    return text

@@ -1,0 +1,143 @@
+"""Cold and warm start-up per compilation mode, each start in a fresh process, like vLLM's ``vllm bench startup``.
+
+``python -m reference.bench_startup --model llama-3.1-8b --modes no_inductor,inductor --output-json startup.json``
+
+Per mode: a cold start (its compiler-cache folder emptied), then a warm start (the cache the cold one filled),
+each split into import, weights, compile (trace, split, pieces), capture and first step; ``ready`` is compile
++ capture, the mode's own share (:mod:`reference.benchmark.startup` says what each phase holds). The caches
+are torch's (Inductor's FX-graph and AOTAutograd caches, Triton's kernels): the project keeps none of its own
+yet, so a warm ``no_inductor`` or ``breakable`` start repeats its trace and split. Each LLM-like runner gets
+``max_num_seqs = --batch-size`` and a step budget of ``--batch-size x --input-len`` tokens, so its capture sizes
+are ``bench_latency``'s.
+
+Only argparse and the light parts of the project load before the flags are checked: ``--help`` and usage
+errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS
+from reference.benchmark.cli import (
+    OneLineParser,
+    device_name,
+    mode_names,
+    model_name,
+    non_empty_path,
+    positive_int,
+)
+
+PROG = "python -m reference.bench_startup"
+COLUMNS = ("import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG,
+        description="Cold and warm start-up per compilation mode, each start in a fresh process: import, "
+        "weights, compile, capture, first step (seconds).",
+    )
+    default = " (default: %(default)s)"
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default="llama-tiny",
+        help="preset, pretrained name, .gguf file or checkpoint dir" + default,
+    )
+    parser.add_argument(
+        "--modes",
+        type=mode_names,
+        default=list(MODE_KWARGS),
+        help=f"comma-separated, run in this order (default: {','.join(MODE_KWARGS)})",
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step" + default)
+    parser.add_argument("--input-len", type=positive_int, default=32, help="prompt tokens per sequence" + default)
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
+    parser.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--cache-dir",
+        type=non_empty_path("a directory"),
+        default=None,
+        help="where each mode's compiler caches live, one folder per mode, emptied before its cold start "
+        "(default: a temporary folder, removed at the end)",
+    )
+    parser.add_argument(
+        "--output-json", type=non_empty_path("a file path"), default=None, help="write the rows as JSON here"
+    )
+    return parser
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a cache folder that is a file and an output that is a folder before minutes of starts."""
+    if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
+        parser.error(f"--cache-dir: {args.cache_dir} is a file; give a directory")
+    if args.output_json is not None and args.output_json.is_dir():
+        parser.error(f"--output-json: {args.output_json} is a directory; give a file path")
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table, seconds with 2 decimals."""
+    head = ["mode", "start", *(c.removesuffix("_s") for c in COLUMNS), "inductor cache hits / misses"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["mode"], row["start"], *(f"{row[c]:.2f}" for c in COLUMNS)]
+        cells.append(f"{row['inductor_cache_hits']} / {row['inductor_cache_misses']}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point: prints the table, writes ``--output-json``.
+
+    The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device}, "rows": [{"mode",
+    "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
+    "inductor_cache_hits", "inductor_cache_misses", "capture_sizes"}], "env": {"cpu", "cpu_count", "threads",
+    "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}}``; times in seconds.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_paths(parser, args)
+    import torch
+
+    from reference.benchmark.machine import machine_info, source_commit
+    from reference.benchmark.report import write_whole
+    from reference.benchmark.startup import StartupError, measure_mode
+    from reference.engine.arguments import resolve_device
+
+    device = resolve_device(args.device)
+    settings = {"batch_size": args.batch_size, "input_len": args.input_len, "dtype": args.dtype, "device": str(device)}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
+        cache_dir = args.cache_dir or Path(scratch)
+        for mode in args.modes:
+            spec = {"model": args.model, "mode": mode, **settings}
+            try:
+                rows += measure_mode(spec, cache_dir)
+            except StartupError as err:
+                print(f"{PROG}: error: {err}", file=sys.stderr)
+                sys.exit(1)
+            print(f"{mode}: cold ready {rows[-2]['ready_s']:.2f} s, warm {rows[-1]['ready_s']:.2f} s", file=sys.stderr)
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **machine_info(device),
+        "torch": torch.__version__,
+        "commit": source_commit(root),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
+    }
+    print(table(rows))
+    if args.output_json is not None:
+        args.output_json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"model": args.model, "settings": settings, "rows": rows, "env": env}
+        write_whole(args.output_json, json.dumps(doc, indent=2))
+        print(f"wrote {args.output_json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

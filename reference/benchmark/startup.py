@@ -1,0 +1,126 @@
+"""Start-up of one compilation mode, cold and warm, each in a fresh process (vLLM's ``vllm bench startup``).
+
+A start is everything between ``python`` and the first answered request, split into phases (seconds):
+
+* ``import_s``: importing torch and the project (the child's own clock, from its first line);
+* ``weights_s``: building the model with its weights on the device (:func:`~reference.models.registry.build_model`);
+* ``compile_s``: the first forward call, Dynamo's trace, the split and each piece's compilation (the runner's
+  :class:`~reference.engine.runner.StartupStats`);
+* ``capture_s``: warm-up runs and CUDA-graph capture of every capture size (nothing is captured on a CPU);
+* ``first_step_s``: one prefill of the batch's prompts and one decode step after that, synchronised.
+
+``ready_s = compile_s + capture_s``: what the mode adds to a start, weights excluded (the figure vLLM's
+issue 22 targets use). A *cold* start has an empty compiler cache, a *warm* one the cache the cold start
+filled: torch's own caches, kept in ``CACHE_DIR/MODE`` (``TORCHINDUCTOR_CACHE_DIR``: Inductor's FX-graph and
+AOTAutograd caches; ``TRITON_CACHE_DIR``: compiled Triton kernels). The project has no cache of its own
+yet: Dynamo's trace and the split run again on every start. ``inductor_cache_hits`` / ``_misses`` (Inductor's
+``fxgraph_cache_hit`` / ``_miss`` counters) say what the cache served.
+
+The parent (:func:`measure_mode`) runs ``python -m reference.benchmark.startup SPEC`` twice per mode and reads
+the child's last line, ``STARTUP {json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_STARTED = time.perf_counter()  # before torch: the child's import phase starts here
+
+PHASES = ("import_s", "weights_s", "compile_s", "capture_s", "first_step_s")
+MARK = "STARTUP "
+STARTS = ("cold", "warm")
+
+
+class StartupError(RuntimeError):
+    """A child process failed; the message holds the end of its output."""
+
+
+def cache_environment(cache_dir: Path, mode: str) -> dict[str, str]:
+    """The environment variables that put torch's compiler caches in ``cache_dir/mode``."""
+    root = Path(cache_dir) / mode
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
+
+
+def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> list[dict]:
+    """A cold start of ``spec["mode"]`` (its cache folder emptied first), then a warm one: two rows.
+
+    Args:
+        spec: the child's arguments: ``model``, ``mode``, ``device`` (None: cuda if available), ``dtype``
+            (``'auto'`` or a name of ``reference.engine.arguments.DTYPES``), ``batch_size``, ``input_len``.
+        cache_dir: folder holding one cache folder per mode; this mode's is deleted before the cold start.
+
+    Returns:
+        ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
+        (seconds), ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``.
+
+    Raises:
+        StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``.
+    """
+    shutil.rmtree(Path(cache_dir) / spec["mode"], ignore_errors=True)
+    env = {**os.environ, **cache_environment(cache_dir, spec["mode"])}
+    rows = []
+    for start in STARTS:
+        cmd = [sys.executable, "-m", "reference.benchmark.startup", json.dumps(spec)]
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise StartupError(f"{spec['mode']} ({start} start): still running after {timeout_s:.0f} s") from None
+        results = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+        if proc.returncode != 0 or not results:
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            raise StartupError(f"{spec['mode']} ({start} start): exit {proc.returncode}: {tail}")
+        rows.append({"mode": spec["mode"], "start": start, **json.loads(results[-1][len(MARK) :])})
+    return rows
+
+
+def _child(spec: dict) -> dict:
+    """One start in this process (module doc); returns its phases and counters."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from reference.config import MODES
+    from reference.engine.arguments import engine_config, resolve_device, resolve_dtype
+    from reference.engine.runner import ModelRunner
+    from reference.models import registry
+    from reference.ops import CustomOpSelection
+
+    device = resolve_device(spec["device"])
+    text_config = registry.model_config(spec["model"]).get_text_config()
+    dtype = resolve_dtype(spec["dtype"], getattr(text_config, "dtype", None), device)
+    batch, prompt = spec["batch_size"], spec["input_len"]
+    times = {"import_s": time.perf_counter() - _STARTED}
+
+    tokens = batch * prompt  # the prefill, the largest step
+    eager = spec["mode"] == "eager"
+    config = engine_config(MODES[spec["mode"]], enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
+    start = time.perf_counter()
+    model = registry.build_model(spec["model"], CustomOpSelection(config), dtype=dtype, device=device)
+    times["weights_s"] = time.perf_counter() - start
+    runner = ModelRunner(model, config, max_num_seqs=batch, max_model_len=prompt + 1, max_num_batched_tokens=tokens)
+    stats = runner.warm_up()
+    times.update(compile_s=stats.compile_s, capture_s=stats.capture_s)
+
+    start = time.perf_counter()
+    prompts = torch.randint(model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    logits = runner.step(prompts.tolist(), [0] * batch, list(range(batch)))  # [B, V]
+    runner.step(logits.argmax(-1), [prompt] * batch, list(range(batch)))  # one decode step, fed on the device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    times["first_step_s"] = time.perf_counter() - start
+    return {
+        **times,
+        "ready_s": times["compile_s"] + times["capture_s"],
+        "inductor_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "inductor_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+        "capture_sizes": list(stats.capture_sizes),
+    }
+
+
+if __name__ == "__main__":
+    print(MARK + json.dumps(_child(json.loads(sys.argv[1]))), flush=True)
