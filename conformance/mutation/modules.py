@@ -29,6 +29,10 @@ class Module:
 
 
 MODULES: dict[str, Module] = {
+    "benchmark.results": Module(
+        sources=("reference/benchmark/results.py", "reference/benchmark/summary.py"),
+        tests=("conformance/test_results_report.py", "conformance/test_results_rules.py"),
+    ),
     "config": Module(
         sources=("reference/config/*.py",),
         tests=("conformance/test_config.py", "conformance/test_config_rules.py"),

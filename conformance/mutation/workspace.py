@@ -17,8 +17,9 @@ from conformance.mutation.modules import MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "mutate"
-# what the tests need besides the package: mutmut copies these into its mutants/ directory
-LINKED = ("reference", "conformance", "conftest.py", "fixtures")
+# what the tests need besides the package: mutmut copies these into its mutants/ directory (perf/: the results
+# files and benchmarks the report's tests read and run; README.md: the CLI tests read its flag table)
+LINKED = ("reference", "conformance", "conftest.py", "fixtures", "perf", "README.md")
 
 
 def mutmut_settings(name: str) -> dict[str, object]:

@@ -89,6 +89,11 @@ def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
     return rows
 
 
+def _is_number(value) -> bool:
+    """An int or float read from JSON; not a bool, which Python counts as an int."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
     rows = []
     for b in doc["benchmarks"]:
@@ -98,6 +103,8 @@ def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
         measure = f"{STEP_MEASURES[test]} B={info['batch_size']}"
         # files written before 2026-12-02 (NOTES v12) timed a chain of back-to-back steps as one iteration
         steps = info.get("steps_per_round", 1)
+        if not _is_number(steps) or steps < 1:
+            raise ResultsError(f"{source}: {b['name']}: steps_per_round {steps!r} is not a count of steps (>= 1)")
         floor = info.get("floor_ms")
         rows.append(
             Row(
@@ -123,8 +130,8 @@ def read_rows(path: str | Path) -> list[Row]:
     """The rows of one results file.
 
     Raises:
-        ResultsError: unreadable, not JSON, neither format, or a latency that is not a positive number
-            (one line naming the file).
+        ResultsError: unreadable, not JSON, neither format, a latency that is not a positive number, or a
+            ``steps_per_round`` that is not a number >= 1 (one line naming the file).
     """
     try:
         doc = json.loads(Path(path).read_text())
@@ -144,7 +151,7 @@ def read_rows(path: str | Path) -> list[Row]:
     except (TypeError, AttributeError) as err:
         raise ResultsError(f"{path}: a results file with a field of the wrong type ({err})") from None
     for row in rows:  # the report divides by latencies
-        if not (isinstance(row.latency_s, (int, float)) and row.latency_s > 0):
+        if not (_is_number(row.latency_s) and row.latency_s > 0):
             raise ResultsError(f"{path}: mode {row.mode!r}: latency {row.latency_s} s is not a positive number")
     return rows
 

@@ -1,0 +1,459 @@
+"""Saved benchmark results read into rows (``reference.benchmark.results``) and the report's markdown tables
+(``reference.benchmark.summary``), on small hand-made results files: each field a row takes from a file, each
+refusal of a file, and each cell of each table.
+
+Unlike test_results_report.py, which reads the committed runs in perf/results, these files are written here,
+so that every field and every edge of a table has a known value.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reference.benchmark.results import ResultsError, Row, mode_order, newest, read_rows
+from reference.benchmark.summary import (
+    comparison_table,
+    latency_table,
+    sources,
+    speedup_table,
+    startup_table,
+)
+
+pytestmark = pytest.mark.requires("components")
+
+
+# ---- hand-made files of both formats
+
+
+def _bench_latency(**settings) -> dict:
+    """A bench_latency document: an engine mode and a baseline, a TP-less run unless ``settings`` say."""
+    return {
+        "model": "tiny",
+        "settings": {"batch_size": 4, "input_len": 16, "output_len": 32, **settings},
+        "env": {"gpu": "H200", "torch": "2.11", "date": "2026-12-01T10:00:00+00:00"},
+        "results": [
+            {
+                "mode": "no_inductor",
+                "kind": "engine",
+                "latency_s": {"p50": 0.5, "p90": 0.6},
+                "floor_s": 0.25,
+                "startup": {"compile_s": 1.5, "capture_s": 0.25, "graph_gib": 0.125},
+            },
+            {
+                "mode": "hf-eager",
+                "kind": "baseline",
+                "latency_s": {"p50": 2.0},
+                "startup": {"first_call_s": 3.0},
+            },
+        ],
+    }
+
+
+def _benchmark(name: str, median: float, iqr: float, **info) -> dict:
+    return {"name": name, "stats": {"median": median, "iqr": iqr}, "extra_info": info}
+
+
+def _pytest_benchmark() -> dict:
+    """A pytest-benchmark document: a decode step with start-up, a chain of steps, a prefill without a floor,
+    and two benchmarks that are not perf/'s step benchmarks."""
+    return {
+        "datetime": "2026-12-02T08:00:00",
+        "machine_info": {"torch": "2.12"},
+        "benchmarks": [
+            _benchmark("test_decode_step_latency[inductor]", 0.004, 0.0002, model="tiny", mode="inductor",
+                       batch_size=8, floor_ms=2.0, compile_s=5.0, capture_s=0.5, graph_gib=0.25,
+                       device="H200"),  # fmt: skip
+            _benchmark("test_decode_steps_back_to_back[eager]", 0.08, 0.004, model="tiny", mode="eager",
+                       batch_size=8, floor_ms=2.0, steps_per_round=16),  # fmt: skip
+            _benchmark("test_prefill_latency", 0.03, 0.001, model="tiny", mode="eager", batch_size=2),
+            _benchmark("test_something_else[eager]", 1.0, 0.1, model="tiny", mode="eager", batch_size=8),
+            _benchmark("test_decode_step_latency[x]", 1.0, 0.1, model="tiny", batch_size=8),  # no mode
+        ],
+    }
+
+
+def _write(tmp_path, doc, name="run.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _row(mode="eager", latency_s=0.5, **fields) -> Row:
+    values = {"model": "tiny", "measure": "decode step B=8", "mode": mode, "latency_s": latency_s,
+              "floor_s": None, "startup_s": None, "graph_gib": None, "iqr_s": None, "gpu": None, "torch": None,
+              "date": "2026-12-01", "source": "a.json", **fields}  # fmt: skip
+    return Row(**values)
+
+
+# ---- reading bench_latency files
+
+
+def test_a_bench_latency_file_gives_each_results_fields_and_the_runs_environment(tmp_path):
+    """Every field of a row read from bench_latency JSON: the generate measure named from the settings, the
+    p50, the floor, start-up as compile + capture (engine) or the first call (baseline), graph memory,
+    where and when it ran, and the file it came from."""
+    path = _write(tmp_path, _bench_latency())
+    engine, baseline = read_rows(path)
+    common = {"model": "tiny", "measure": "generate B=4, 16+32", "iqr_s": None, "gpu": "H200", "torch": "2.11",
+              "date": "2026-12-01T10:00:00+00:00", "source": str(path)}  # fmt: skip
+    assert engine == Row(mode="no_inductor", latency_s=0.5, floor_s=0.25, startup_s=1.75, graph_gib=0.125, **common)
+    assert baseline == Row(mode="hf-eager", latency_s=2.0, floor_s=None, startup_s=3.0, graph_gib=None, **common)
+    assert engine.key == ("tiny", "generate B=4, 16+32", "no_inductor")
+    assert engine.x_floor == 2.0 and baseline.x_floor is None
+
+
+def test_a_bench_latency_file_without_gpu_or_torch_reads_them_as_unknown(tmp_path):
+    """A CPU run records no GPU; such a row still reads (its GPU and torch are None, shown as cpu and ?)."""
+    doc = _bench_latency()
+    del doc["env"]["gpu"], doc["env"]["torch"]
+    doc["results"][1]["startup"] = {}  # a baseline that recorded no first call
+    rows = read_rows(_write(tmp_path, doc))
+    assert [(r.gpu, r.torch) for r in rows] == [(None, None), (None, None)]
+    assert rows[1].startup_s is None
+
+
+@pytest.mark.parametrize("tp, suffix", [(None, ""), (1, ""), (2, ", TP=2"), (4, ", TP=4")])
+def test_a_tensor_parallel_run_names_its_degree_in_the_measure(tmp_path, tp, suffix):
+    """A run on several GPUs times other work than one on a single GPU: its measure says TP=N, so that the
+    two are never put in one cell or compared; TP=1 (or no setting) is the single-GPU measure."""
+    settings = {} if tp is None else {"tensor_parallel_size": tp}
+    rows = read_rows(_write(tmp_path, _bench_latency(**settings)))
+    assert {r.measure for r in rows} == {"generate B=4, 16+32" + suffix}
+
+
+# ---- reading pytest-benchmark files
+
+
+def test_a_pytest_benchmark_file_gives_perf_step_benchmarks_only_with_their_fields(tmp_path):
+    """Rows from pytest-benchmark JSON: one per perf/ step benchmark that names its mode (others are
+    skipped), per-step median and IQR, the floor from milliseconds, start-up where the benchmark recorded
+    it, graph memory, device, torch and date."""
+    path = _write(tmp_path, _pytest_benchmark())
+    step, chain, prefill = read_rows(path)
+    common = {"model": "tiny", "torch": "2.12", "date": "2026-12-02T08:00:00", "source": str(path)}
+    assert step == Row(measure="decode step B=8", mode="inductor", latency_s=0.004, floor_s=0.002, startup_s=5.5,
+                       graph_gib=0.25, iqr_s=0.0002, gpu="H200", **common)  # fmt: skip
+    assert chain == Row(measure="decode step back to back B=8", mode="eager", latency_s=0.08 / 16,
+                        floor_s=0.002, startup_s=None, graph_gib=None, iqr_s=0.004 / 16, gpu=None,
+                        **common)  # fmt: skip
+    assert prefill == Row(measure="prefill B=2", mode="eager", latency_s=0.03, floor_s=None, startup_s=None,
+                          graph_gib=None, iqr_s=0.001, gpu=None, **common)  # fmt: skip
+    assert step.x_floor == pytest.approx(2.0) and prefill.x_floor is None
+
+
+def test_other_benchmarks_anywhere_in_a_file_are_skipped_and_the_step_benchmarks_after_them_kept(tmp_path):
+    """A run of perf/ with other benchmarks gives the rows of every step benchmark, whichever comes first; a
+    step benchmark that recorded no extra info (so no mode) is skipped like one without a mode; a parameter
+    id with a bracket of its own still names the test."""
+    doc = _pytest_benchmark()
+    first, *_ = doc["benchmarks"]
+    doc["benchmarks"] = [
+        {"name": "test_prefill_latency[eager]", "stats": {"median": 1.0, "iqr": 0.1}},  # no extra_info
+        _benchmark("test_something_else[eager]", 1.0, 0.1, model="tiny", mode="eager", batch_size=8),
+        {**first, "name": "test_decode_step_latency[inductor-[8]]"},
+    ]
+    (row,) = read_rows(_write(tmp_path, doc))
+    assert (row.measure, row.mode, row.latency_s) == ("decode step B=8", "inductor", 0.004)
+
+
+def test_a_pytest_benchmark_file_without_machine_info_reads_torch_as_unknown(tmp_path):
+    """A pytest-benchmark file without machine_info still reads; its torch version is unknown (shown as ?)."""
+    doc = _pytest_benchmark()
+    del doc["machine_info"]
+    assert {r.torch for r in read_rows(_write(tmp_path, doc))} == {None}
+
+
+def test_a_floor_of_zero_milliseconds_is_no_floor(tmp_path):
+    """A floor of 0 (not measured) gives no multiple of the floor, not a division by zero."""
+    doc = _pytest_benchmark()
+    doc["benchmarks"][0]["extra_info"]["floor_ms"] = 0
+    row = read_rows(_write(tmp_path, doc))[0]
+    assert row.floor_s is None and row.x_floor is None
+
+
+# ---- files that are refused
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"{not json", "not a readable JSON file"),
+        (b"\xff\xfe\x00garbage", "not a readable JSON file"),
+        (b"[1, 2]", "neither bench_latency JSON ('settings', 'results') nor pytest-benchmark JSON ('benchmarks')"),
+        (b'{"results": []}', "neither bench_latency JSON"),
+        (b'{"settings": {}}', "neither bench_latency JSON"),
+        (b'"benchmarks"', "neither bench_latency JSON"),
+    ],
+    ids=["not-json", "not-utf8", "a-list", "results-without-settings", "settings-without-results", "a-string"],
+)
+def test_a_file_of_neither_format_is_refused_in_one_line_naming_it(tmp_path, content, message):
+    """A wrong file given to the report is one ResultsError naming the file, not a traceback."""
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(ResultsError) as err:
+        read_rows(path)
+    assert str(err.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_file_is_refused_naming_it(tmp_path):
+    """A results path that does not exist (a typo on the command line) is a ResultsError naming it."""
+    path = tmp_path / "absent.json"
+    with pytest.raises(ResultsError, match="absent.json: not a readable JSON file"):
+        read_rows(path)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.pop("model"), "'model'"),
+        (lambda d: d.pop("env"), "'env'"),
+        (lambda d: d["env"].pop("date"), "'date'"),
+        (lambda d: d["settings"].pop("batch_size"), "'batch_size'"),
+        (lambda d: d["results"][0].pop("startup"), "'startup'"),
+        (lambda d: d["results"][0]["startup"].pop("capture_s"), "'capture_s'"),
+        (lambda d: d["results"][0]["latency_s"].pop("p50"), "'p50'"),
+        (lambda d: d["results"][0].pop("kind"), "'kind'"),
+    ],
+)
+def test_a_bench_latency_file_missing_a_field_is_refused_naming_the_field(tmp_path, edit, field):
+    """A bench_latency file cut short or hand-edited is one ResultsError naming the file and the missing field."""
+    doc = _bench_latency()
+    edit(doc)
+    path = _write(tmp_path, doc, "cut.json")
+    with pytest.raises(ResultsError) as err:
+        read_rows(path)
+    assert str(err.value) == f"{path}: a results file without the field {field}"
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d.pop("datetime"), "'datetime'"),
+        (lambda d: d["benchmarks"][0].pop("stats"), "'stats'"),
+        (lambda d: d["benchmarks"][0]["extra_info"].pop("model"), "'model'"),
+        (lambda d: d["benchmarks"][0]["extra_info"].pop("batch_size"), "'batch_size'"),
+        (lambda d: d["benchmarks"][0]["extra_info"].pop("capture_s"), "'capture_s'"),
+        (lambda d: d["benchmarks"][0]["stats"].pop("iqr"), "'iqr'"),
+        (lambda d: d["benchmarks"][0].pop("name"), "'name'"),
+    ],
+)
+def test_a_pytest_benchmark_file_missing_a_field_is_refused_naming_the_field(tmp_path, edit, field):
+    """A pytest-benchmark step benchmark without a field the row needs is one ResultsError naming the file and
+    the field."""
+    doc = _pytest_benchmark()
+    edit(doc)
+    path = _write(tmp_path, doc, "cut.json")
+    with pytest.raises(ResultsError) as err:
+        read_rows(path)
+    assert str(err.value) == f"{path}: a results file without the field {field}"
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {**_bench_latency(), "results": [1]},
+        {**_bench_latency(), "settings": ["batch_size"]},
+        {**_pytest_benchmark(), "machine_info": "a string"},
+        {**_pytest_benchmark(), "benchmarks": [{"name": 3}]},
+    ],
+    ids=["result-not-an-object", "settings-a-list", "machine-info-a-string", "name-a-number"],
+)
+def test_a_field_of_the_wrong_type_is_refused_naming_the_file(tmp_path, doc):
+    """A field of the wrong JSON type is one ResultsError naming the file, not a TypeError traceback."""
+    path = _write(tmp_path, doc, "typed.json")
+    with pytest.raises(ResultsError) as err:
+        read_rows(path)
+    assert str(err.value).startswith(f"{path}: a results file with a field of the wrong type (")
+
+
+def test_a_whole_number_latency_is_a_positive_number(tmp_path):
+    """JSON writes 2.0 as 2 in some tools: an int latency is read, not refused."""
+    doc = _bench_latency()
+    doc["results"][1]["latency_s"]["p50"] = 2
+    assert read_rows(_write(tmp_path, doc))[1].latency_s == 2
+
+
+# ---- which rows and modes the report uses
+
+
+def test_modes_are_ordered_as_the_projects_modes_then_the_others_as_first_seen():
+    """Table columns and chart colours follow this order, whatever the order of the files."""
+    rows = [_row(m) for m in ("torch-native", "inductor", "hf-eager", "eager", "inductor", "hf-compile")]
+    assert mode_order(rows) == ["eager", "inductor", "torch-native", "hf-eager", "hf-compile"]
+    assert mode_order([]) == []
+
+
+def test_the_newest_row_of_each_key_is_kept_in_first_seen_order_and_the_later_file_wins_a_tie():
+    """Where several files time one (model, measure, mode), the report uses the latest date; on the same date,
+    the file given later."""
+    a_old, b, a_new = _row("eager", 1.0, date="2026-01-01"), _row("inductor", 2.0), _row("eager", 3.0)
+    a_tie = _row("eager", 4.0)
+    assert newest([a_old, b, a_new]) == [a_new, b]
+    assert newest([a_new, b, a_old]) == [a_new, b]
+    assert newest([a_new, a_tie]) == [a_tie]
+
+
+# ---- the latency table
+
+
+def test_the_latency_table_has_the_floor_the_p50_its_multiple_and_a_dash_where_a_mode_was_not_timed():
+    """One line per (model, measure), a column per mode in mode order; the floor column shows the smallest
+    floor of the line; times under a second in ms, longer ones in s."""
+    rows = [
+        _row("inductor", 0.004, floor_s=0.002),
+        _row("eager", 1.5, floor_s=0.003),
+        _row("eager", 0.25, measure="prefill B=2"),
+    ]
+    assert latency_table(rows).splitlines() == [
+        "| model | measure | floor | eager | inductor |",
+        "|---|---|---|---|---|",
+        "| tiny | decode step B=8 | 2.00 ms | 1.500 s (500.00x) | 4.00 ms (2.00x) |",
+        "| tiny | prefill B=2 | - | 250.00 ms | - |",
+    ]
+
+
+def test_a_second_exactly_is_shown_in_seconds():
+    """Times under a second are shown in ms (2 decimals), a second and over in s (3 decimals)."""
+    assert latency_table([_row("eager", 1.0)]).splitlines()[2] == "| tiny | decode step B=8 | - | 1.000 s |"
+    assert latency_table([_row("eager", 0.999)]).splitlines()[2] == "| tiny | decode step B=8 | - | 999.00 ms |"
+
+
+@pytest.mark.parametrize("iqr, mark", [(None, ""), (0.05, ""), (0.1, ""), (0.1001, "*"), (0.3, "*")])
+def test_a_spread_is_flagged_only_above_a_tenth_of_the_median(iqr, mark):
+    """``*`` marks a cell whose interquartile range is more than 10% of its median: exactly 10% is not."""
+    row = _row("eager", 1.0, iqr_s=iqr)
+    assert latency_table([row]).splitlines()[2] == f"| tiny | decode step B=8 | - | 1.000 s{mark} |"
+
+
+# ---- the peer (speed-up) table
+
+
+def test_the_speedup_table_divides_each_peers_p50_by_each_modes_and_skips_peers_with_nothing_to_compare():
+    """peer p50 / mode p50 per project mode; a dash for a mode not timed on the peer's measure; a peer
+    whose measure no project mode timed has no line; the baselines' own columns are not shown."""
+    rows = [
+        _row("eager", 0.5, source="r.json"),
+        _row("inductor", 0.25, source="r.json"),
+        _row("hf-eager", 1.0, source="r.json"),
+        _row("hf-compile", 0.75, source="r.json"),
+        _row("eager", 0.4, measure="prefill B=2", source="r.json"),
+        _row("torch-native", 0.8, measure="prefill B=2", source="r.json"),
+        _row("hf-eager", 1.0, measure="generate B=1", source="r.json"),  # nothing to compare with
+    ]
+    assert speedup_table(rows).splitlines() == [
+        "| model | measure | peer | eager | inductor |",
+        "|---|---|---|---|---|",
+        "| tiny | decode step B=8 | hf-eager | 2.00x | 4.00x |",
+        "| tiny | decode step B=8 | hf-compile | 1.50x | 3.00x |",
+        "| tiny | prefill B=2 | torch-native | 2.00x | - |",
+    ]
+
+
+def test_a_ratio_across_two_runs_is_marked_and_a_ratio_within_one_run_uses_that_run():
+    """A mode the peer's own run timed is compared within that run even when a later run is newer; a mode
+    only another run timed is compared with its newest row, marked with †."""
+    old = [_row("hf-eager", 1.0, source="old.json", date="2026-01-01"),
+           _row("eager", 0.5, source="old.json", date="2026-01-01")]  # fmt: skip
+    new = [_row("eager", 0.25, source="new.json"), _row("inductor", 0.2, source="new.json")]
+    every = old + new
+    table = speedup_table(newest(every), every)
+    assert table.splitlines()[2] == "| tiny | decode step B=8 | hf-eager | 2.00x | 5.00x† |"
+    # without every row, only the newest rows are known: both ratios cross runs
+    assert speedup_table(newest(every)).splitlines()[2] == "| tiny | decode step B=8 | hf-eager | 4.00x† | 5.00x† |"
+
+
+def test_no_speedup_table_without_a_peer_or_without_a_mode():
+    """The report leaves the peer table out (None) when no measure has both a peer and a project mode."""
+    assert speedup_table([_row("eager"), _row("inductor")]) is None
+    assert speedup_table([_row("hf-eager"), _row("torch-native")]) is None
+    assert speedup_table([]) is None
+
+
+# ---- the start-up table
+
+
+def test_the_startup_table_takes_a_generate_row_over_a_step_row_and_else_the_first_row():
+    """One line per (model, mode): a generate measure's start-up when one exists (the engine started there),
+    else the first step benchmark's; rows that recorded none are left out; graph memory to 3 decimals."""
+    rows = [
+        _row("eager", startup_s=1.0, graph_gib=0.5),  # step, first
+        _row("eager", startup_s=2.0, measure="prefill B=2"),  # step, later: not taken
+        _row("inductor", startup_s=3.0, measure="generate B=8, 32+128", graph_gib=0.125),
+        _row("inductor", startup_s=4.0),  # a step after a generate row: not taken
+        _row("inductor", startup_s=5.0, measure="generate B=1, 8+8"),  # a second generate row: not taken
+        _row("no_inductor", startup_s=None),  # recorded no start-up
+        _row("breakable", startup_s=6.0),
+        _row("breakable", startup_s=7.25, measure="generate B=8, 32+128"),  # generate after a step: taken
+    ]
+    assert startup_table(rows).splitlines() == [
+        "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
+        "|---|---|---|---|",
+        "| tiny | eager | 1.00 s | 0.500 GiB |",
+        "| tiny | inductor | 3.00 s | 0.125 GiB |",
+        "| tiny | breakable | 7.25 s | - |",
+    ]
+
+
+def test_graph_memory_of_zero_is_a_figure_and_a_negative_one_is_not():
+    """Zero graph memory (eager: no graphs) is shown as 0.000 GiB; a negative figure as not measured."""
+    rows = [_row("eager", startup_s=1.0, graph_gib=0.0), _row("inductor", startup_s=1.0, graph_gib=-0.5)]
+    lines = startup_table(rows).splitlines()[2:]
+    assert lines == [
+        "| tiny | eager | 1.00 s | 0.000 GiB |",
+        "| tiny | inductor | 1.00 s | not measured (free memory rose 0.500 GiB during capture) |",
+    ]
+
+
+# ---- the comparison table and the sources
+
+
+def test_the_comparison_gives_old_new_and_the_change_of_the_rows_in_both_in_the_new_order():
+    """--compare: one line per row in both sets, in the new set's order, with both times and new / old - 1."""
+    old = [_row("eager", 0.5), _row("inductor", 2.0), _row("hf-eager", 1.0)]
+    new = [_row("inductor", 1.0), _row("eager", 0.55), _row("no_inductor", 1.0)]
+    assert comparison_table(old, new).splitlines() == [
+        "| model | measure | mode | old | new | change |",
+        "|---|---|---|---|---|---|",
+        "| tiny | decode step B=8 | inductor | 2.000 s | 1.000 s | -50.0% |",
+        "| tiny | decode step B=8 | eager | 500.00 ms | 550.00 ms | +10.0% |",
+    ]
+
+
+def test_the_sources_list_each_file_once_with_its_gpu_torch_and_date():
+    """A file without GPU (a CPU run) shows cpu, one without torch ?, and the date to the second."""
+    rows = [
+        _row("eager", source="a.json", gpu="H200", torch="2.11", date="2026-12-01T10:00:00.123456+00:00"),
+        _row("inductor", source="a.json", gpu="H200", torch="2.11", date="2026-12-01T10:00:00.123456+00:00"),
+        _row("eager", source="b.json"),
+    ]
+    assert sources(rows).splitlines() == [
+        "- `a.json`: H200, torch 2.11, 2026-12-01T10:00:00",
+        "- `b.json`: cpu, torch ?, 2026-12-01",
+    ]
+
+
+
+@pytest.mark.parametrize("steps", [0, 0.0, -16, True, "16"])
+def test_a_round_of_no_real_step_count_is_refused_in_one_line_naming_the_file(tmp_path, steps):
+    """steps_per_round divides the round's time (files written before NOTES v12): 0 was a ZeroDivisionError
+    traceback from `python -m reference.report`, a bool or a string a silent or a wrong-type row."""
+    doc = {"datetime": "2026-12-02T08:00:00", "benchmarks": [
+        {"name": "test_decode_steps_back_to_back[eager]", "stats": {"median": 0.08, "iqr": 0.004},
+         "extra_info": {"model": "tiny", "mode": "eager", "batch_size": 8, "steps_per_round": steps}}]}  # fmt: skip
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=r"zero\.json: .*steps_per_round"):
+        read_rows(path)
+
+
+def test_a_latency_of_true_is_not_a_number(tmp_path):
+    """JSON true passed the positive-number check (a bool is an int in Python) and showed as 1.000 s."""
+    doc = _bench_latency()
+    doc["results"][0]["latency_s"]["p50"] = True
+    path = tmp_path / "true.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=r"true\.json: mode 'no_inductor': latency True s is not a positive number"):
+        read_rows(path)
