@@ -222,6 +222,11 @@ BAD_FLAGS = [
         "-O.cudagraph_capture_sizes given twice",
         id="field-given-twice",
     ),
+    pytest.param(  # the inner field beat the dict's value silently (the reverse order was refused)
+        ["-O.inductor_compile_config={'max_autotune': True}", "-O.inductor_compile_config.max_autotune=false"],
+        r"-O.inductor_compile_config and -O.inductor_compile_config.max_autotune both set inductor_compile_config",
+        id="dotted-dict-then-its-field",
+    ),
     pytest.param(  # the field's value beat the whole config's silently, whichever came first
         ["--compilation-config", '{"debug_cudagraph_outputs": true}', "-O.debug_cudagraph_outputs=false"],
         r"debug_cudagraph_outputs given twice \(in --compilation-config and as -O.debug_cudagraph_outputs",

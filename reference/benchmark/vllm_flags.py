@@ -131,6 +131,14 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
                     raise ConfigError(f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE")
             if path_text in dotted:
                 raise ConfigError(f"-O.{path_text} given twice ({echo(arg)}); give each field once")
+            parts = path_text.split(".")
+            for other in sorted(dotted):  # a dict's value and one of its fields, in either order
+                shorter, longer = sorted((other.split("."), parts), key=len)
+                if longer[: len(shorter)] == shorter:
+                    first, second = sorted((other, path_text), key=len)
+                    raise ConfigError(
+                        f"-O.{first} and -O.{second} both set {'.'.join(shorter)}; give the dict or its fields"
+                    )
             dotted.add(path_text)
             configs.append(flag)
             _set_path(nested, path_text.split("."), _field_value(text))
