@@ -7,7 +7,8 @@ import json
 import pytest
 
 from reference.bench_startup import COLUMNS, main
-from reference.benchmark.startup import PHASES, measure_mode
+from reference.benchmark import startup
+from reference.benchmark.startup import PHASES, StartupError, cache_environment, measure_mode
 
 pytestmark = pytest.mark.requires("components")
 
@@ -37,16 +38,23 @@ def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
 
 
 def test_paths_that_cannot_be_used_are_refused_before_any_start(tmp_path, capsys):
+    """An unwritable output was a traceback after every start had run, an unusable cache folder a child's
+    traceback, a cache path with a space an Inductor C++ compile that failed (torch passes it unquoted)."""
     a_file = tmp_path / "file"
     a_file.write_text("")
+    spaced = tmp_path / "cache dir"
     for argv, message in (
         (["--cache-dir", str(a_file)], f"--cache-dir: {a_file} is a file; give a directory"),
         (["--output-json", str(tmp_path)], f"--output-json: {tmp_path} is a directory; give a file path"),
+        (["--output-json", "/proc/startup.json"], "--output-json: cannot write in /proc ("),
+        (["--cache-dir", "/proc/cache"], "--cache-dir: cannot write in /proc/cache ("),
+        (["--cache-dir", str(spaced)], f"--cache-dir: {spaced} has a space, which Inductor's C++ compile"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["--modes", "eager", *argv])
         assert exit_info.value.code == 2
-        assert capsys.readouterr().err == f"{ERROR}{message} (see --help)\n"
+        err = capsys.readouterr().err
+        assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -82,3 +90,63 @@ def test_a_cold_start_compiles_everything_and_a_warm_start_reads_the_cache_it_le
     assert not stale.exists()
     assert cold["inductor_cache_misses"] > 0 and cold["inductor_cache_hits"] == 0, cold
     assert warm["inductor_cache_hits"] == cold["inductor_cache_misses"] and warm["inductor_cache_misses"] == 0, warm
+
+
+def test_a_prompt_longer_than_the_model_is_refused_before_any_start(capsys):
+    """It was an IndexError from the rotary table in the child, 10 s later (llama-tiny: 512 positions)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", "eager", "--input-len", "512"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{ERROR}--input-len 512: a prompt and its decode token need 513 positions; llama-tiny has 512 "
+        "(max_position_embeddings) (see --help)\n"
+    )
+
+
+def _fake_rows(mode):
+    return [{"mode": mode, "start": s, **{p: 0.5 for p in PHASES}, "ready_s": 1.0, "dtype": "float32",
+             "inductor_cache_hits": 0, "inductor_cache_misses": 0, "capture_sizes": []} for s in ("cold", "warm")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "failure, code, said",
+    [(StartupError("breakable (cold start): exit 1: boom"), 1, "error: breakable (cold start): exit 1: boom"),
+     (KeyboardInterrupt(), 130, "interrupted during breakable; the finished modes are above")],
+    ids=["a-mode-fails", "ctrl-c"],
+)  # fmt: skip
+def test_the_modes_that_finished_are_kept_when_a_later_one_fails_or_is_interrupted(
+    tmp_path, capsys, monkeypatch, failure, code, said
+):
+    """A failing mode, or Ctrl-C, threw away the rows of the modes before it (and Ctrl-C was a traceback)."""
+
+    def measure(spec, cache_dir):
+        if spec["mode"] == "breakable":
+            raise failure
+        return _fake_rows(spec["mode"])
+
+    monkeypatch.setattr(startup, "measure_mode", measure)
+    out = tmp_path / "startup.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", "eager,breakable,no_inductor", "--device", "cpu", "--output-json", str(out)])
+    assert exit_info.value.code == code
+    captured = capsys.readouterr()
+    assert [line.split(" | ")[0] for line in captured.out.splitlines()[2:]] == ["| eager", "| eager"]
+    assert said in captured.err.splitlines()[-1] and "Traceback" not in captured.err
+    doc = json.loads(out.read_text())
+    assert [r["mode"] for r in doc["rows"]] == ["eager", "eager"] and said.split(":")[-1].strip() in json.dumps(doc)
+
+
+def test_a_childs_known_error_is_its_one_line_message(tmp_path):
+    """The child's last three lines of traceback were shown, joined with '|': its cause out of sight."""
+    with pytest.raises(StartupError) as error:
+        measure_mode({**TINY, "mode": "eager", "batch_size": 10**12}, tmp_path)
+    message = str(error.value)
+    assert message.startswith("eager (cold start): max_num_seqs x max_model_len (1000000000000 x 5)"), message
+    assert "File " not in message and "Traceback" not in message
+
+
+def test_a_cold_start_keeps_even_inductors_precompiled_header_in_its_own_folder(tmp_path):
+    """Inductor keeps its C++ precompiled header under the temporary folder, outside TORCHINDUCTOR_CACHE_DIR:
+    a cold start would find an older run's and be a third faster on a CPU."""
+    env = cache_environment(tmp_path, "inductor")
+    assert env["TMPDIR"].startswith(str(tmp_path / "inductor"))

@@ -73,12 +73,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse a cache folder that is a file and an output that is a folder before minutes of starts."""
-    if args.cache_dir is not None and args.cache_dir.exists() and not args.cache_dir.is_dir():
-        parser.error(f"--cache-dir: {args.cache_dir} is a file; give a directory")
-    if args.output_json is not None and args.output_json.is_dir():
-        parser.error(f"--output-json: {args.output_json} is a directory; give a file path")
+def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before minutes of starts, what would fail after them or inside a child: an output or cache
+    folder that cannot be written, a cache path with a space, a prompt longer than the model's positions."""
+    if args.cache_dir is not None:
+        if args.cache_dir.exists() and not args.cache_dir.is_dir():
+            parser.error(f"--cache-dir: {args.cache_dir} is a file; give a directory")
+        if any(c.isspace() for c in str(args.cache_dir.resolve())):
+            parser.error(
+                f"--cache-dir: {args.cache_dir} has a space, which Inductor's C++ compile cannot take (torch passes "
+                "the path unquoted); choose a path without one"
+            )
+        _check_writable(parser, "--cache-dir", args.cache_dir)
+    if args.output_json is not None:
+        if args.output_json.is_dir():
+            parser.error(f"--output-json: {args.output_json} is a directory; give a file path")
+        _check_writable(parser, "--output-json", args.output_json.parent)
+    from reference.models import registry  # transformers: after the cheap checks
+
+    positions = registry.model_config(args.model).get_text_config().max_position_embeddings
+    if args.input_len + 1 > positions:
+        parser.error(
+            f"--input-len {args.input_len}: a prompt and its decode token need {args.input_len + 1} positions; "
+            f"{args.model} has {positions} (max_position_embeddings)"
+        )
+
+
+def _check_writable(parser: argparse.ArgumentParser, flag: str, directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        parser.error(f"{flag}: cannot write in {directory} ({err.strerror or err})")
 
 
 def table(rows: list[dict]) -> str:
@@ -97,31 +124,36 @@ def main(argv: list[str] | None = None) -> None:
 
     The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
-    "inductor_cache_hits", "inductor_cache_misses", "capture_sizes"}], "env": {"cpu", "cpu_count", "threads",
-    "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}}``; times in seconds.
+    "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "dtype" (the one used)}], "env": {"cpu",
+    "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}, "stopped"
+    (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
+    finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start) or 130.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_paths(parser, args)
+    _check_before_any_start(parser, args)
     import torch
 
+    from reference.benchmark import startup
     from reference.benchmark.machine import machine_info, source_commit
     from reference.benchmark.report import write_whole
-    from reference.benchmark.startup import StartupError, measure_mode
     from reference.engine.arguments import resolve_device
 
     device = resolve_device(args.device)
     settings = {"batch_size": args.batch_size, "input_len": args.input_len, "dtype": args.dtype, "device": str(device)}
-    rows = []
+    rows, stopped, status = [], None, 0
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         cache_dir = args.cache_dir or Path(scratch)
         for mode in args.modes:
             spec = {"model": args.model, "mode": mode, **settings}
             try:
-                rows += measure_mode(spec, cache_dir)
-            except StartupError as err:
-                print(f"{PROG}: error: {err}", file=sys.stderr)
-                sys.exit(1)
+                rows += startup.measure_mode(spec, cache_dir)
+            except startup.StartupError as err:  # the modes before it are kept
+                stopped, status = f"error: {err}", 1
+                break
+            except KeyboardInterrupt:
+                stopped, status = f"interrupted during {mode}; the finished modes are above", 130
+                break
             print(f"{mode}: cold ready {rows[-2]['ready_s']:.2f} s, warm {rows[-1]['ready_s']:.2f} s", file=sys.stderr)
     root = Path(__file__).resolve().parents[1]
     env = {
@@ -131,13 +163,23 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
     }
-    print(table(rows))
-    if args.output_json is not None:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
+    if rows:
+        print(table(rows))
+    if args.output_json is not None and rows:
         doc = {"model": args.model, "settings": settings, "rows": rows, "env": env}
-        write_whole(args.output_json, json.dumps(doc, indent=2))
-        print(f"wrote {args.output_json}", file=sys.stderr)
-
+        if stopped:
+            doc["stopped"] = stopped
+        try:
+            args.output_json.parent.mkdir(parents=True, exist_ok=True)
+            write_whole(args.output_json, json.dumps(doc, indent=2))
+            print(f"wrote {args.output_json}", file=sys.stderr)
+        except OSError as err:  # checked writable up front, but a disk can fill during the run
+            print(f"{PROG}: error: cannot write {args.output_json} ({err.strerror or err})", file=sys.stderr)
+            status = status or 1
+    if stopped:
+        print(f"{PROG}: {stopped}", file=sys.stderr)
+    if status:
+        sys.exit(status)
 
 if __name__ == "__main__":
     main()

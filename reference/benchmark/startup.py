@@ -12,7 +12,8 @@ A start is everything between ``python`` and the first answered request, split i
 ``ready_s = compile_s + capture_s``: what the mode adds to a start, weights excluded (the figure vLLM's
 issue 22 targets use). A *cold* start has an empty compiler cache, a *warm* one the cache the cold start
 filled: torch's own caches, kept in ``CACHE_DIR/MODE`` (``TORCHINDUCTOR_CACHE_DIR``: Inductor's FX-graph and
-AOTAutograd caches; ``TRITON_CACHE_DIR``: compiled Triton kernels). The project has no cache of its own
+AOTAutograd caches; ``TRITON_CACHE_DIR``: compiled Triton kernels; ``TMPDIR``: Inductor's C++ precompiled
+header, which it keeps outside its cache folder). The project has no cache of its own
 yet: Dynamo's trace and the split run again on every start. ``inductor_cache_hits`` / ``_misses`` (Inductor's
 ``fxgraph_cache_hit`` / ``_miss`` counters) say what the cache served.
 
@@ -33,7 +34,7 @@ from pathlib import Path
 _STARTED = time.perf_counter()  # before torch: the child's import phase starts here
 
 PHASES = ("import_s", "weights_s", "compile_s", "capture_s", "first_step_s")
-MARK = "STARTUP "
+MARK, ERROR_MARK = "STARTUP ", "STARTUP_ERROR "
 STARTS = ("cold", "warm")
 
 
@@ -42,9 +43,14 @@ class StartupError(RuntimeError):
 
 
 def cache_environment(cache_dir: Path, mode: str) -> dict[str, str]:
-    """The environment variables that put torch's compiler caches in ``cache_dir/mode``."""
+    """The environment variables that put torch's compiler caches in ``cache_dir/mode``: Inductor's, Triton's,
+    and the temporary folder, where Inductor keeps its C++ precompiled header (outside its own cache folder)."""
     root = Path(cache_dir) / mode
-    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TRITON_CACHE_DIR": str(root / "triton")}
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+        "TMPDIR": str(root / "tmp"),
+    }
 
 
 def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> list[dict]:
@@ -60,10 +66,12 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         (seconds), ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``.
 
     Raises:
-        StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``.
+        StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
+            child's own one-line error where it found one (a batch no memory holds, a broken checkpoint).
     """
     shutil.rmtree(Path(cache_dir) / spec["mode"], ignore_errors=True)
     env = {**os.environ, **cache_environment(cache_dir, spec["mode"])}
+    Path(env["TMPDIR"]).mkdir(parents=True)  # a TMPDIR that does not exist is ignored
     rows = []
     for start in STARTS:
         cmd = [sys.executable, "-m", "reference.benchmark.startup", json.dumps(spec)]
@@ -72,6 +80,9 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         except subprocess.TimeoutExpired:
             raise StartupError(f"{spec['mode']} ({start} start): still running after {timeout_s:.0f} s") from None
         results = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+        errors = [line for line in proc.stdout.splitlines() if line.startswith(ERROR_MARK)]
+        if errors:
+            raise StartupError(f"{spec['mode']} ({start} start): {errors[-1][len(ERROR_MARK) :]}")
         if proc.returncode != 0 or not results:
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
             raise StartupError(f"{spec['mode']} ({start} start): exit {proc.returncode}: {tail}")
@@ -86,6 +97,7 @@ def _child(spec: dict) -> dict:
 
     from reference.config import MODES
     from reference.engine.arguments import engine_config, resolve_device, resolve_dtype
+    from reference.engine.memory_check import check_memory_before_build
     from reference.engine.runner import ModelRunner
     from reference.models import registry
     from reference.ops import CustomOpSelection
@@ -99,8 +111,11 @@ def _child(spec: dict) -> dict:
     tokens = batch * prompt  # the prefill, the largest step
     eager = spec["mode"] == "eager"
     config = engine_config(MODES[spec["mode"]], enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
+    ops = CustomOpSelection(config)
+    sizes = {"max_num_seqs": batch, "max_model_len": prompt + 1, "max_num_tokens": tokens}
+    check_memory_before_build(spec["model"], ops, dtype=dtype, device=device, **sizes)
     start = time.perf_counter()
-    model = registry.build_model(spec["model"], CustomOpSelection(config), dtype=dtype, device=device)
+    model = registry.build_model(spec["model"], ops, dtype=dtype, device=device)
     times["weights_s"] = time.perf_counter() - start
     runner = ModelRunner(model, config, max_num_seqs=batch, max_model_len=prompt + 1, max_num_batched_tokens=tokens)
     stats = runner.warm_up()
@@ -119,8 +134,24 @@ def _child(spec: dict) -> dict:
         "inductor_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
         "inductor_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "capture_sizes": list(stats.capture_sizes),
+        "dtype": str(dtype).removeprefix("torch."),
     }
 
 
+def _child_main(spec: dict) -> int:
+    """Run :func:`_child` and print its result line; an error the user's settings cause (a batch no memory
+    holds, a broken checkpoint, a bad value) is printed as one line instead, exit status 2."""
+    from reference.config import ConfigError
+    from reference.models.loader import CheckpointError
+
+    try:
+        result = _child(spec)
+    except (ConfigError, CheckpointError, ValueError) as err:
+        print(ERROR_MARK + " ".join(str(err).split()), flush=True)
+        return 2
+    print(MARK + json.dumps(result), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    print(MARK + json.dumps(_child(json.loads(sys.argv[1]))), flush=True)
+    sys.exit(_child_main(json.loads(sys.argv[1])))
