@@ -425,9 +425,10 @@ def test_the_clis_dtype_names_are_the_engines():
             ["--compilation-config", "{'custom_ops': ['none']}", "-O.cudagraph_capture_sizes=[4]"],
             {"custom_ops": ["none"], "cudagraph_capture_sizes": [4]},
         ),
+        (["-cc={'custom_ops': ['none']}"], {"custom_ops": ["none"]}),  # was 'unrecognized arguments'
     ],
     ids=["cc-dict", "long-dotted", "long-dotted-space", "cc-dotted-space", "nested", "nested-merged", "dotted-fields",
-         "dotted-with-a-whole-config"],  # fmt: skip
+         "dotted-with-a-whole-config", "cc-equals"],  # fmt: skip
 )
 def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
     args = parse_args(["--model", "toy-llama", "--modes", "inductor", *argv])
@@ -438,8 +439,10 @@ def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
     "argv, modes",
     [(["-O0"], ["eager"]), (["-O1"], ["inductor"]), (["-O2"], ["inductor_full"]), (["-O3"], ["inductor_full"]),
      (["-O", "1"], ["inductor"]), (["--optimization-level", "0"], ["eager"]),
-     (["--optimization-level=2"], ["inductor_full"]), (["-O0", "--enforce-eager"], ["eager"])],
-    ids=["O0", "O1", "O2", "O3", "O-space-1", "long-0", "long-equals-2", "O0-and-enforce-eager"],
+     (["--optimization-level=2"], ["inductor_full"]), (["-O0", "--enforce-eager"], ["eager"]),
+     (["-O0", "--modes", "eager"], ["eager"]), (["--modes", "inductor", "-O1"], ["inductor"])],
+    ids=["O0", "O1", "O2", "O3", "O-space-1", "long-0", "long-equals-2", "O0-and-enforce-eager",
+         "O0-and-its-mode", "its-mode-and-O1"],
 )  # fmt: skip
 def test_O_digit_is_vllms_optimization_level_and_picks_the_mode(argv, modes):
     """vLLM today: -O0 no compilation nor graphs, -O1 Inductor + piecewise graphs, -O2 (its default) and -O3

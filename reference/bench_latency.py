@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(expanded)
     if args.optimization_level is not None:
         level, mode = args.optimization_level, OPTIMIZATION_LEVEL_MODES[args.optimization_level]
-        if args.modes is not None:
+        if args.modes not in (None, [mode]):  # the same mode twice is no contradiction (as --enforce-eager)
             parser.error(
                 f"-O{level} selects --modes {mode} (vLLM's optimization level), and --modes "
                 f"{','.join(args.modes)} was given too; give one"

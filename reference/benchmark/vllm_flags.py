@@ -169,10 +169,10 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
             value = next(args, "")
             wholes.append(value)
             configs.append(f"{arg} {echo(value, 60)}")
-        elif arg.startswith("--compilation-config="):
-            value = arg.split("=", 1)[1]
+        elif arg.startswith(("--compilation-config=", "-cc=")):
+            flag, value = arg.split("=", 1)
             wholes.append(value)
-            configs.append(f"--compilation-config={echo(value, 60)}")
+            configs.append(f"{flag}={echo(value, 60)}")
         else:
             out.append(arg)
     if len(levels) > 1:
