@@ -206,44 +206,29 @@ def test_a_missing_file_is_refused_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "edit, field",
+    "make, edit, field",
     [
-        (lambda d: d.pop("model"), "'model'"),
-        (lambda d: d.pop("env"), "'env'"),
-        (lambda d: d["env"].pop("date"), "'date'"),
-        (lambda d: d["settings"].pop("batch_size"), "'batch_size'"),
-        (lambda d: d["results"][0].pop("startup"), "'startup'"),
-        (lambda d: d["results"][0]["startup"].pop("capture_s"), "'capture_s'"),
-        (lambda d: d["results"][0]["latency_s"].pop("p50"), "'p50'"),
-        (lambda d: d["results"][0].pop("kind"), "'kind'"),
+        (_bench_latency, lambda d: d.pop("model"), "'model'"),
+        (_bench_latency, lambda d: d.pop("env"), "'env'"),
+        (_bench_latency, lambda d: d["env"].pop("date"), "'date'"),
+        (_bench_latency, lambda d: d["settings"].pop("batch_size"), "'batch_size'"),
+        (_bench_latency, lambda d: d["results"][0].pop("startup"), "'startup'"),
+        (_bench_latency, lambda d: d["results"][0]["startup"].pop("capture_s"), "'capture_s'"),
+        (_bench_latency, lambda d: d["results"][0]["latency_s"].pop("p50"), "'p50'"),
+        (_bench_latency, lambda d: d["results"][0].pop("kind"), "'kind'"),
+        (_pytest_benchmark, lambda d: d.pop("datetime"), "'datetime'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0].pop("stats"), "'stats'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0]["extra_info"].pop("model"), "'model'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0]["extra_info"].pop("batch_size"), "'batch_size'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0]["extra_info"].pop("capture_s"), "'capture_s'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0]["stats"].pop("iqr"), "'iqr'"),
+        (_pytest_benchmark, lambda d: d["benchmarks"][0].pop("name"), "'name'"),
     ],
 )
-def test_a_bench_latency_file_missing_a_field_is_refused_naming_the_field(tmp_path, edit, field):
-    """A bench_latency file cut short or hand-edited is one ResultsError naming the file and the missing field."""
-    doc = _bench_latency()
-    edit(doc)
-    path = _write(tmp_path, doc, "cut.json")
-    with pytest.raises(ResultsError) as err:
-        read_rows(path)
-    assert str(err.value) == f"{path}: a results file without the field {field}"
-
-
-@pytest.mark.parametrize(
-    "edit, field",
-    [
-        (lambda d: d.pop("datetime"), "'datetime'"),
-        (lambda d: d["benchmarks"][0].pop("stats"), "'stats'"),
-        (lambda d: d["benchmarks"][0]["extra_info"].pop("model"), "'model'"),
-        (lambda d: d["benchmarks"][0]["extra_info"].pop("batch_size"), "'batch_size'"),
-        (lambda d: d["benchmarks"][0]["extra_info"].pop("capture_s"), "'capture_s'"),
-        (lambda d: d["benchmarks"][0]["stats"].pop("iqr"), "'iqr'"),
-        (lambda d: d["benchmarks"][0].pop("name"), "'name'"),
-    ],
-)
-def test_a_pytest_benchmark_file_missing_a_field_is_refused_naming_the_field(tmp_path, edit, field):
-    """A pytest-benchmark step benchmark without a field the row needs is one ResultsError naming the file and
-    the field."""
-    doc = _pytest_benchmark()
+def test_a_results_file_missing_a_field_is_refused_naming_the_field(tmp_path, make, edit, field):
+    """A bench_latency or pytest-benchmark file cut short or hand-edited, without a field a row needs, is one
+    ResultsError naming the file and the missing field."""
+    doc = make()
     edit(doc)
     path = _write(tmp_path, doc, "cut.json")
     with pytest.raises(ResultsError) as err:

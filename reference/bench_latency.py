@@ -25,13 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
 from reference.benchmark.cli import (
     OneLineParser,
+    check_output_file,
+    check_writable_dir,
     device_name,
     mode_names,
     model_name,
@@ -61,22 +62,12 @@ def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespac
     """Refuse output paths that cannot be written before the run, not after its minutes of timing: a
     directory given as ``--output-json``, a file as ``--results-dir``, a place this process cannot write
     (missing directories are created, as the write would)."""
-    targets = []
     if args.output_json is not None:
-        if args.output_json.is_dir():
-            parser.error(f"--output-json: {echo(str(args.output_json))} is a directory; give a file path")
-        targets.append(("--output-json", args.output_json.parent))
+        check_output_file(parser, "--output-json", args.output_json)
     if args.results_dir is not None:
         if args.results_dir.exists() and not args.results_dir.is_dir():
             parser.error(f"--results-dir: {echo(str(args.results_dir))} is a file; give a directory")
-        targets.append(("--results-dir", args.results_dir))
-    for flag, directory in targets:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-        except OSError as err:
-            parser.error(f"{flag}: cannot write in {echo(str(directory))} ({err.strerror or err})")
+        check_writable_dir(parser, "--results-dir", args.results_dir)
 
 
 def _config_fields(text: str) -> dict[str, Any]:

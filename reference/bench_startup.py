@@ -26,6 +26,8 @@ from pathlib import Path
 from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS
 from reference.benchmark.cli import (
     OneLineParser,
+    check_output_file,
+    check_writable_dir,
     device_name,
     mode_names,
     model_name,
@@ -84,11 +86,9 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
                 f"--cache-dir: {args.cache_dir} has a space, which Inductor's C++ compile cannot take (torch passes "
                 "the path unquoted); choose a path without one"
             )
-        _check_writable(parser, "--cache-dir", args.cache_dir)
+        check_writable_dir(parser, "--cache-dir", args.cache_dir)
     if args.output_json is not None:
-        if args.output_json.is_dir():
-            parser.error(f"--output-json: {args.output_json} is a directory; give a file path")
-        _check_writable(parser, "--output-json", args.output_json.parent)
+        check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
 
     positions = registry.model_config(args.model).get_text_config().max_position_embeddings
@@ -97,15 +97,6 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
             f"--input-len {args.input_len}: a prompt and its decode token need {args.input_len + 1} positions; "
             f"{args.model} has {positions} (max_position_embeddings)"
         )
-
-
-def _check_writable(parser: argparse.ArgumentParser, flag: str, directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as err:
-        parser.error(f"{flag}: cannot write in {directory} ({err.strerror or err})")
 
 
 def table(rows: list[dict]) -> str:

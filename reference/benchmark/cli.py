@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -147,3 +148,21 @@ def device_name(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err).removeprefix("--device: ")) from None
     return text
+
+
+def check_writable_dir(parser: argparse.ArgumentParser, flag: str, directory: Path) -> None:
+    """Refuse (``parser.error``) a folder this process cannot write a file in, before a run that would find
+    out at its end; a missing folder is created, as the write would."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        parser.error(f"{flag}: cannot write in {echo(str(directory))} ({err.strerror or err})")
+
+
+def check_output_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse (``parser.error``) an output file path that is a folder or whose folder cannot be written."""
+    if path.is_dir():
+        parser.error(f"{flag}: {echo(str(path))} is a directory; give a file path")
+    check_writable_dir(parser, flag, path.parent)
