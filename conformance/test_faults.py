@@ -16,6 +16,7 @@ import pytest
 
 from conformance.faults import FAULTS, KINDS
 from conformance.faults.__main__ import main as faults_main
+from conformance.faults import run
 from conformance.faults.run import run_fault, selected_tests
 
 pytestmark = pytest.mark.requires("components")  # the catalogue plants its faults in the reference
@@ -100,21 +101,37 @@ def test_list_prints_only_the_faults_only_names(capsys):
 
 def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch):
     """Collecting the whole suite was half of each fault's run on a CPU; the -k expression still applies."""
-    commands = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kwargs: commands.append(cmd) or _Exited())
+    runs = []
+    monkeypatch.setattr(run, "_forked_pytest", lambda argv, env, output: runs.append(argv) or (5, "no tests ran"))
     fault = CPU_FAULTS[0]
     selected = ["conformance/test_b.py::test_x[a]", "conformance/test_a.py::test_y", "conformance/test_b.py::test_z"]
     run_fault(fault, "cpu", 1, selected)
-    (cmd,) = commands
-    assert cmd[3:5] == ["conformance/test_a.py", "conformance/test_b.py"] and "conformance" not in cmd
-    assert cmd[cmd.index("-k") + 1] == fault.tests
+    (argv,) = runs
+    assert argv[:2] == ["conformance/test_a.py", "conformance/test_b.py"] and "conformance" not in argv
+    assert argv[argv.index("-k") + 1] == fault.tests
+
+
+@pytest.mark.parametrize("outcome, status", [("passed", 0), ("failed", 1)])
+def test_a_forked_run_has_the_given_environment_threads_and_folder_and_returns_its_status_and_output(
+    tmp_path, outcome, status
+):
+    """A CPU fault's pytest run is a fork of a server that imported torch once: it must still see the
+    environment and thread count a fresh process would, and its status and output must come back."""
+    (tmp_path / "test_child.py").write_text(
+        "import os, torch\n"
+        "def test_child():\n"
+        "    assert os.environ['FAULT_RUN_MARK'] == 'here' and 'HOME' not in os.environ\n"
+        f"    assert torch.get_num_threads() == 1 and os.getcwd() == {str(run.ROOT)!r}\n"
+        f"    assert {outcome == 'passed'}\n"
+    )
+    # HOME: in the server's environment since it started, absent from the run's
+    env = {**{k: v for k, v in os.environ.items() if k != "HOME"}, "FAULT_RUN_MARK": "here", "OMP_NUM_THREADS": "1"}
+    argv = [str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
+    assert returncode == status and f"1 {outcome}" in output, output
 
 
 def test_a_fault_whose_expression_selects_nothing_survives_without_running_the_suite(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("ran pytest for no test"))
     test, note = run_fault(CPU_FAULTS[0], "cpu", 1, [])
     assert test is None and "selects no test on cpu" in note
-
-
-class _Exited:
-    returncode, stdout, stderr = 5, "", "no tests ran"

@@ -1,4 +1,4 @@
-"""Running the suite against one fault, in a fresh process: what the CLI and conformance/test_faults.py share.
+"""Running the suite against one fault, in a process of its own: what the CLI and conformance/test_faults.py share.
 
 :func:`run_fault` runs ``pytest conformance --impl fault:ID -k TESTS -x`` (gpu tests deselected on
 ``cpu``; conformance/test_faults.py, which runs this very function, ignored) and reads the first failing
@@ -6,11 +6,18 @@ test from its JUnit XML. Only a test that *failed* catches a fault: an error (a 
 plant itself breaking) or a run that selects nothing leaves it uncaught, with the reason.
 :func:`selected_tests` collects, in one process, the tests each fault's ``-k`` expression selects; given
 them, a fault's run collects only their files.
+
+On ``cpu`` each run is a fork of one server process per caller that has already imported torch, pytest,
+transformers, hypothesis and the reference (:data:`PRELOAD`, multiprocessing's ``forkserver``): those
+imports were 4-5 s of a fault's 5 s on a 2-core machine. The server itself runs no torch op, so no thread
+pool exists to be broken by the fork. On ``cuda`` each run is a fresh interpreter: a fork must never
+inherit a CUDA context, and there the tests, not the imports, take the time.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -23,12 +30,22 @@ from conformance.faults.fault import Fault
 
 ROOT = Path(__file__).resolve().parents[2]
 SELF = "conformance/test_faults.py"  # runs run_fault itself: never part of a fault's run
+# What every fault's pytest run imports before its first test (what conftest.py, the conformance package
+# and the oracles pull in); the server imports them once, every run's fork starts with them.
+PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers", "pytest", "hypothesis",
+           "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
+_FORKSERVER = multiprocessing.get_context("forkserver")
+_FORKSERVER.set_forkserver_preload(PRELOAD)
 
 
-def _pytest(device: str, *args: str, paths: Sequence[str] = ("conformance",)) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    cmd += [f"--ignore={SELF}", *args]
-    return cmd + (["-m", "not gpu"] if device == "cpu" else [])
+def _pytest_args(device: str, *args: str, paths: Sequence[str] = ("conformance",)) -> list[str]:
+    """The arguments of a pytest run of the suite on ``device`` (without ``python -m pytest``)."""
+    argv = [*paths, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", f"--ignore={SELF}", *args]
+    return argv + (["-m", "not gpu"] if device == "cpu" else [])
+
+
+def _command(argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", *argv]
 
 
 def _environment(device: str, jobs: int) -> dict[str, str]:
@@ -54,14 +71,44 @@ def run_fault(
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         args = ("-x", "--impl", f"fault:{fault.id}", f"--junitxml={junit}", "-k", fault.tests)
-        cmd = _pytest(device, *args, paths=paths)
-        proc = subprocess.run(cmd, cwd=ROOT, env=_environment(device, jobs), capture_output=True, text=True)
+        argv, env = _pytest_args(device, *args, paths=paths), _environment(device, jobs)
+        if device == "cpu":
+            returncode, output = _forked_pytest(argv, env, Path(tmp) / "output.txt")
+        else:
+            proc = subprocess.run(_command(argv), cwd=ROOT, env=env, capture_output=True, text=True)
+            returncode, output = proc.returncode, proc.stdout + proc.stderr
         failed, errored = _first_failure(junit) if junit.exists() else (None, None)
-        if proc.returncode == 1 and failed:
+        if returncode == 1 and failed:
             return failed, ""
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        reason = f"error in {errored}" if errored else f"pytest exit {proc.returncode}"
+        tail = output.strip().splitlines()[-3:]
+        reason = f"error in {errored}" if errored else f"pytest exit {returncode}"
         return None, f"{fault.id}: {reason}: " + " | ".join(tail)
+
+
+def _forked_pytest(args: list[str], env: dict[str, str], output: Path) -> tuple[int, str]:
+    """``pytest ARGS`` in a fork of the preloaded server, with ``env`` as its whole environment; returns
+    (its exit status, what it printed)."""
+    child = _FORKSERVER.Process(target=_pytest_main, args=(args, env, str(output)))
+    child.start()
+    child.join()
+    return child.exitcode, output.read_text() if output.exists() else ""
+
+
+def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
+    """The forked child: what ``subprocess.run(cmd, cwd=ROOT, env=env)`` with its output in a file would do.
+    The environment is read by the suite at run time; torch read ``OMP_NUM_THREADS`` when the server
+    imported it, so the thread count is set by hand."""
+    import pytest
+    import torch
+
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    os.chdir(ROOT)
+    sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(sink, 1)
+    os.dup2(sink, 2)
+    sys.exit(int(pytest.main(args)))
 
 
 def _first_failure(junit: Path) -> tuple[str | None, str | None]:
@@ -82,7 +129,7 @@ def selected_tests(faults: list[Fault], device: str) -> dict[str, list[str]]:
         out = Path(tmp) / "selected.json"
         env = {**_environment(device, 1), "FAULT_SELECTION_OUT": str(out)}
         env["FAULT_SELECTION_IDS"] = ",".join(f.id for f in faults)
-        cmd = _pytest(device, "--collect-only", "-p", "conformance.faults.selection_plugin")
+        cmd = _command(_pytest_args(device, "--collect-only", "-p", "conformance.faults.selection_plugin"))
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"collection failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
