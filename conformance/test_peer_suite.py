@@ -31,7 +31,7 @@ def test_the_suite_passes_against_torch_native(tmp_path):
            f"--ignore={Path(__file__).relative_to(REPO)}", "--ignore=conformance/test_faults.py",
            f"--conformance-report={report}"]  # fmt: skip
     if torch.cuda.is_available():
-        cmd += ["-m", "not device_memory", "-n", "4", "--dist", "loadgroup"]
+        cmd += ["-m", "not device_memory", "-n", "4"]
     else:
         cmd += ["-m", "not gpu and not slow", "-p", "no:xdist"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own

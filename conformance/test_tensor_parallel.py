@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.once import computed_once, shared_folder
 from conformance.oracle import ORACLE_ATOL
 from reference.engine import LLM
 from reference.models.registry import model_config
@@ -39,14 +40,13 @@ SIZE = 2
 # over gloo can see: there they run as eager and as their base modes.
 MODES = ("eager", "no_inductor", "inductor")
 
-# One torchrun launch per model serves every test of it: xdist keeps them on one worker (--dist loadgroup).
+# One torchrun launch per model serves every test of it, on whichever worker needs it first (conformance/once.py).
 # slow: the tests launch torchrun (two processes per model, every mode), 20-70 s each on two cores
-pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.xdist_group("tensor_parallel"), pytest.mark.slow]
+pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.slow]
 
 
-@functools.cache
 def _launch(model: str, impl_spec: str, out: Path) -> list[dict] | str:
-    """Every rank's results for ``model`` (one torchrun run per model and session), or why there are none."""
+    """Every rank's results for ``model``, or why there are none."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={SIZE}"]
     cmd += ["-m", "conformance.tensor_parallel_worker", "--model", model, "--impl", impl_spec, "--out", str(out)]
@@ -59,10 +59,13 @@ def _launch(model: str, impl_spec: str, out: Path) -> list[dict] | str:
 
 @pytest.fixture
 def ranks(request, tmp_path_factory):
-    """``ranks(model)``: the worker's results of each rank, for the implementation under test."""
+    """``ranks(model)``: the worker's results of each rank, for the implementation under test (one launch
+    per model and session)."""
 
     def results(model: str) -> list[dict]:
-        launched = _launch(model, request.config.getoption("impl"), tmp_path_factory.getbasetemp() / f"tp-{model}")
+        out = shared_folder(tmp_path_factory) / f"tp-{model}"
+        launch = functools.partial(_launch, model, request.config.getoption("impl"), out)
+        launched = computed_once(tmp_path_factory, f"tensor-parallel {model}", launch)
         if isinstance(launched, str):
             pytest.fail(launched)
         return launched
