@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conformance.report import IMPLEMENTATION, ConformanceReport
+from conformance.scheduling import REPLACES, SharedRunScheduling
 from conformance.selection import load_implementation
 
 
@@ -67,6 +68,12 @@ def pytest_configure(config):
             f"(from {os.path.dirname(torch.__file__)}, CUDA build: {torch.version.cuda}) sees no CUDA device; "
             "run on a GPU machine with a CUDA build of torch, or set REFERENCE_REQUIRE_CUDA=0 to let gpu tests skip"
         )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which answers every --dist
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n`` (``--dist load``, or ``loadgroup``): conformance/scheduling.py's scheduling."""
+    return SharedRunScheduling(config, log) if config.getvalue("dist") in REPLACES else None
 
 
 def pytest_collection_modifyitems(config, items):

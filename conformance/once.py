@@ -2,12 +2,10 @@
 
 Some rules rest on an expensive run: a ``torchrun`` launch per model (conformance/test_tensor_parallel.py),
 transformers' greedy oracle and each mode's generation of the real model (conformance/test_real_gemma3.py).
-Their tests used to share one such run by being kept on one worker (``xdist_group`` with ``--dist
-loadgroup``), but that grouping silently stopped working with pytest 9.2 (pytest-xdist issue #1386: the
-group is written into a node-id field pytest no longer reads), and each worker then paid for every run
-again. This is xdist's own recipe for a session-wide value instead, and it holds under any ``-n`` and
-``--dist``: the first worker that needs the value computes it under a file lock in the session's shared
-temporary folder and saves it there; the others wait for the lock and read the file.
+This is xdist's recipe for a session-wide value, and it holds under any ``-n`` and ``--dist``: the first
+worker that needs the value computes it under a file lock in the session's shared temporary folder and
+saves it there; the others wait for the lock and read the file. So that they rarely wait, the suite hands
+each module that reads such values to one worker whole (conformance/scheduling.py).
 """
 
 from __future__ import annotations

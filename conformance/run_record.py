@@ -62,7 +62,7 @@ def _steps(device: str, scratch: Path, pytest_args: list[str]) -> list[tuple[str
     jobs = str(max(1, cpus - 2))
     return [
         ("suite", [*PYTEST, "conformance", "-m", "not faults and not device_memory", "-n", workers,
-                   "--durations=10", f"--junitxml={scratch / 'suite.xml'}", *pytest_args]),
+                   "--durations=25", f"--junitxml={scratch / 'suite.xml'}", *pytest_args]),
         ("device_memory", [*PYTEST, "conformance", "-m", "device_memory and not faults",
                            f"--junitxml={scratch / 'device_memory.xml'}", *pytest_args]),
         ("faults", [sys.executable, "-m", "conformance.faults", "--device", device, "--jobs", jobs]),
