@@ -70,7 +70,7 @@ def pytest_configure(config):
         )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which answers every --dist
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; optional: a run without xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """Under ``-n`` (``--dist load``, or ``loadgroup``): conformance/scheduling.py's scheduling."""
     return SharedRunScheduling(config, log) if config.getvalue("dist") in REPLACES else None
