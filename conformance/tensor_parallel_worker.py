@@ -37,6 +37,8 @@ PROMPT_LENGTHS = (5, 3, 7)  # three sequences: decode steps of 3 tokens, padded 
 CAPTURE_SIZES = [1, 2, 4]
 NUM_DECODE = 4
 SIZES = {"max_num_seqs": 4, "max_model_len": 32}
+# The presets the suite launches this worker for, one torchrun run each (conformance/test_tensor_parallel.py)
+MODELS = ("llama-tiny", "qwen3-tiny", "gemma-3-tiny")
 
 
 def run_mode(impl, preset: str, mode: str, tp: parallel.TensorParallel) -> dict:

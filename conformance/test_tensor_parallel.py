@@ -29,11 +29,11 @@ import torch
 
 from conformance.once import computed_once, shared_folder
 from conformance.oracle import ORACLE_ATOL
+from conformance.tensor_parallel_worker import MODELS
 from reference.engine import LLM
 from reference.models.registry import model_config
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ["llama-tiny", "qwen3-tiny", "gemma-3-tiny"]
 MARGIN = 1e-3  # as the oracle tests: closer than this, rounding may pick either token
 SIZE = 2
 # The worker's default --modes. The graph kinds of the other modes (breakable, full) change nothing a CPU run
