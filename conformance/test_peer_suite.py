@@ -6,7 +6,9 @@ This runs the suite against torch-native in a fresh process and asks for exit 0 
 the CPU the fast subset (gpu and slow tests deselected: the slow ones time the tools, torchrun's process
 groups and the CLIs, whose peer-specific parts the fast subset and the GPU run cover, and they would add
 minutes to CI's 2 cores), or, where torch sees a GPU, everything but the device-memory tests (they must
-have the device to themselves, which a run inside the suite cannot promise).
+have the device to themselves, which a run inside the suite cannot promise). The run is split into
+``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run
+the shards at once: whole, it was the longest test of the GPU run and the floor under the suite's time.
 """
 
 from __future__ import annotations
@@ -16,27 +18,54 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conformance import shard_plugin
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+# shards of the peer's run; on a CPU two, for CI's two workers
+SHARDS = 4 if torch.cuda.is_available() else 2
 
 
 @pytest.mark.slow
 @pytest.mark.requires("components")  # once, under the reference: it starts the run of the peer itself
-def test_the_suite_passes_against_torch_native(tmp_path):
+@pytest.mark.parametrize("shard", range(SHARDS), ids=[f"shard-{i + 1}-of-{SHARDS}" for i in range(SHARDS)])
+def test_the_suite_passes_against_torch_native(shard, tmp_path):
     report = tmp_path / "torch-native.json"
-    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--impl", "torch-native",
-           f"--ignore={Path(__file__).relative_to(REPO)}", "--ignore=conformance/test_faults.py",
-           f"--conformance-report={report}"]  # fmt: skip
-    if torch.cuda.is_available():
-        cmd += ["-m", "not device_memory", "-n", "4"]
-    else:
-        cmd += ["-m", "not gpu and not slow", "-p", "no:xdist"]
+    cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "-p", "conformance.shard_plugin", "--impl", "torch-native", f"--ignore={Path(__file__).relative_to(REPO)}",
+           "--ignore=conformance/test_faults.py", f"--conformance-report={report}"]  # fmt: skip
+    cmd += ["-m", "not device_memory" if torch.cuda.is_available() else "not gpu and not slow"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
+    env[shard_plugin.ENV] = f"{shard}/{SHARDS}"
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-15:])
-    assert run.returncode == 0, f"pytest conformance --impl torch-native exited {run.returncode}:\n{tail}"
+    where = f"shard {shard + 1} of {SHARDS} of the torch-native run"
+    assert run.returncode == 0, f"{where} exited {run.returncode}:\n{tail}"
     rules = json.loads(report.read_text())["rules"]
     assert sum(rule.get("passed", 0) for rule in rules.values()) > 0, tail
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_shards_of_a_selection_hold_each_of_its_tests_once(count, monkeypatch):
+    tests = [f"conformance/test_x.py::test_{i}" for i in range(10)]
+    deselected, kept = [], []
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+    for index in range(count):
+        monkeypatch.setenv(shard_plugin.ENV, f"{index}/{count}")
+        items = list(tests)
+        shard_plugin.pytest_collection_modifyitems(config, items)
+        kept += items
+    assert sorted(kept) == sorted(tests) and len(set(kept)) == len(kept)  # each test in one shard
+    assert len(deselected) == (count - 1) * len(tests)  # and reported deselected by the others
+
+
+@pytest.mark.parametrize("value", ["", "4/4", "-1/4", "1/0", "a/b", "1/2/3"])
+def test_a_bad_shard_is_a_usage_error_naming_the_variable(value):
+    with pytest.raises(pytest.UsageError, match=r"^CONFORMANCE_SHARD=.*: expected I/N with 0 <= I < N"):
+        shard_plugin.shard_of(value)
