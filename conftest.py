@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from conformance.report import IMPLEMENTATION, ConformanceReport
-from conformance.scheduling import REPLACES, SharedRunScheduling
 from conformance.selection import load_implementation
 
 
@@ -72,7 +71,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; optional: a run without xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``-n`` (``--dist load``, or ``loadgroup``): conformance/scheduling.py's scheduling."""
+    """Under ``-n`` (``--dist load``, or ``loadgroup``): conformance/scheduling.py's scheduling. Imported here:
+    a run without xdist installed never calls this, and must not import xdist."""
+    from conformance.scheduling import REPLACES, SharedRunScheduling
+
     return SharedRunScheduling(config, log) if config.getvalue("dist") in REPLACES else None
 
 

@@ -22,29 +22,38 @@ from filelock import FileLock
 _read: dict[Path, Any] = {}  # this process's copies of what it computed or read
 
 
-def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's temporary folder that every xdist worker sees (each worker's own is below it)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+def shared_folder(request: pytest.FixtureRequest) -> Path:
+    """The session's temporary folder that every xdist worker of it sees (each worker's own is below it).
+    A worker is told by its ``workerinput`` (xdist's recipe), never by the environment: a pytest run that a
+    test starts inherits ``PYTEST_XDIST_WORKER`` without being a worker, and the folder above its own is
+    shared by every session of the user."""
+    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    return base.parent if hasattr(request.config, "workerinput") else base
 
 
-def computed_once(tmp_path_factory: pytest.TempPathFactory, key: str, compute: Callable[[], Any]) -> Any:
+def computed_once(request: pytest.FixtureRequest, key: str, compute: Callable[[], Any]) -> Any:
     """``compute()``'s value, computed by one process of the session and read by the rest.
 
     Args:
+        request: any test's or fixture's ``request`` (it names the session).
         key: names the value within the session (any text; hashed into a file name).
         compute: returns something ``torch.save`` can write (tensors, lists, dicts, dataclasses).
-    An exception of ``compute`` is raised in the process that ran it and saves nothing: the next process
-    that needs the value runs it again.
+    An exception of ``compute`` or of saving its value is raised in the process that ran it and keeps
+    nothing: the next process that needs the value runs ``compute`` again.
     """
     name = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = shared_folder(tmp_path_factory) / f"once-{name}.pt"
+    path = shared_folder(request) / f"once-{name}.pt"
     if path not in _read:
         with FileLock(f"{path}.lock"):
             if path.exists():
                 _read[path] = torch.load(path, weights_only=False)
             else:
-                _read[path] = compute()
-                torch.save(_read[path], f"{path}.partial")
-                os.replace(f"{path}.partial", path)
+                value = compute()
+                partial = path.with_suffix(".partial")
+                try:
+                    torch.save(value, partial)
+                    os.replace(partial, path)
+                finally:
+                    partial.unlink(missing_ok=True)
+                _read[path] = value
     return _read[path]

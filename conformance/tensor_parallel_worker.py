@@ -102,7 +102,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m conformance.tensor_parallel_worker")
     parser.add_argument("--model", required=True, help="a preset, e.g. llama-tiny")
     parser.add_argument("--impl", default="reference")
-    parser.add_argument("--modes", default="eager,no_inductor,inductor")
+    parser.add_argument("--modes", default="eager,no_inductor,inductor", help="comma-separated; may be empty")
+    parser.add_argument("--no-llm", action="store_true", help="skip the LLM generations of both sizes")
     parser.add_argument("--size", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -112,9 +113,10 @@ def main() -> None:
     result = {"rank": tp.rank, "size": tp.size, "modes": {}}
     try:
         with impl.activate(), torch.inference_mode():
-            for mode in args.modes.split(","):
+            for mode in filter(None, args.modes.split(",")):
                 result["modes"][mode] = run_mode(impl, args.model, mode, tp)
-            result["llm"] = run_llm(args.model, args.size)
+            if not args.no_llm:
+                result["llm"] = run_llm(args.model, args.size)
         torch.save(result, args.out / f"rank{tp.rank}.pt")
     finally:
         dist.destroy_process_group()

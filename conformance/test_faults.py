@@ -1,7 +1,7 @@
 """The fault catalogue (conformance/faults/): the suite must reject every CPU-visible fault it plants.
 
-Each CPU fault runs in a fresh pytest process, through the same function ``python -m conformance.faults``
-uses (``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an
+Each CPU fault runs in a pytest process of its own (a fork of a preloaded server), through the same
+function ``python -m conformance.faults`` uses (``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an
 error does not count). That run ignores this file. The catalogue itself is checked too: enough faults,
 unique ids, known kinds and devices, patches that enter and leave, expressions that select tests.
 """
@@ -133,5 +133,24 @@ def test_a_forked_run_has_the_given_environment_threads_and_folder_and_returns_i
 
 def test_a_fault_whose_expression_selects_nothing_survives_without_running_the_suite(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("ran pytest for no test"))
+    monkeypatch.setattr(run, "_forked_pytest", lambda *args: pytest.fail("ran pytest for no test"))
     test, note = run_fault(CPU_FAULTS[0], "cpu", 1, [])
     assert test is None and "selects no test on cpu" in note
+
+
+def test_a_faults_run_is_no_xdist_worker_even_when_started_from_one(monkeypatch):
+    """Inheriting PYTEST_XDIST_WORKER, a fault's run took itself for a worker of the suite that started it."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert not [name for name in run._environment("cpu", 2) if name.startswith("PYTEST_XDIST")]
+
+
+@pytest.mark.parametrize("threads", ["", "four", "4,2"])
+def test_a_forked_run_survives_an_omp_num_threads_torch_would_not_read(threads, tmp_path):
+    """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived."""
+    (tmp_path / "test_child.py").write_text("def test_child():\n    pass\n")
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    argv = [str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
+    assert returncode == 0 and "1 passed" in output, output
+

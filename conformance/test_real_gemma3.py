@@ -8,8 +8,9 @@ computed once per session, by whichever xdist worker needs them first (conforman
 Rules:
 
 * float32, every mode (on a CPU a graph mode's run is its graph-less twin's, ``CPU_SAME_RUN``): greedy
-  tokens of ``conformance/real_model.py``'s eight prompts, generated in one batch by the engine, equal transformers' ``generate`` for 32 new tokens each, except after a position
-  where the oracle's two best logits are within ``NEAR_TIE`` (there rounding may pick either).
+  tokens of ``conformance/real_model.py``'s eight prompts, generated in one batch by the engine, equal
+  transformers' ``generate`` for 32 new tokens each, except after a position where the oracle's two best
+  logits are within ``NEAR_TIE`` (there rounding may pick either).
 * bfloat16, every compiled mode: the teacher-forced NLL of a fixed text (a prefill step, then decode steps)
   drifts from float32's by at most twice eager's bf16 drift plus five of eager's standard errors
   (``real_model.drift_budget``); the greedy agreement with float32 is reported.
@@ -77,12 +78,12 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def oracle(request, tmp_path_factory, prompt_ids) -> list[real_model.OracleGreedy]:
+def oracle(request, prompt_ids) -> list[real_model.OracleGreedy]:
     def compute():
         hf_model = request.getfixturevalue("hf_model")
         return real_model.oracle_greedy(hf_model, prompt_ids)
 
-    return computed_once(tmp_path_factory, "real gemma3 oracle", compute)
+    return computed_once(request, "real gemma3 oracle", compute)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def generate(mode: str, impl, request, prompt_ids: list[list[int]]) -> list[Gene
         outputs = llm.generate(list(real_model.PROMPTS), params, use_tqdm=False)
         return [Generated(list(o.prompt_token_ids), list(o.outputs[0].token_ids), o.outputs[0].text) for o in outputs]
 
-    return computed_once(request.getfixturevalue("tmp_path_factory"), f"real gemma3 generate {mode}", compute)
+    return computed_once(request, f"real gemma3 generate {mode}", compute)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -163,7 +164,7 @@ def nll_ids(tokenizer) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def float32_nll(request, tmp_path_factory, nll_ids) -> tuple[torch.Tensor, torch.Tensor]:
+def float32_nll(request, nll_ids) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' float32 teacher-forced per-token NLL [T-1] and argmax [T-1] of the text."""
 
     def compute():
@@ -171,7 +172,7 @@ def float32_nll(request, tmp_path_factory, nll_ids) -> tuple[torch.Tensor, torch
             logits = request.getfixturevalue("hf_model")(torch.tensor([nll_ids])).logits[0, :-1]
         return real_model.token_nll(logits, torch.tensor(nll_ids[1:])), logits.argmax(-1)
 
-    return computed_once(tmp_path_factory, "real gemma3 float32 nll", compute)
+    return computed_once(request, "real gemma3 float32 nll", compute)
 
 
 @pytest.fixture(scope="session")
@@ -209,7 +210,7 @@ def bf16_drift(mode: str, impl, request, nll_ids, float32_nll) -> real_model.Dri
         nll = real_model.token_nll(logits, torch.tensor(nll_ids[1:]))
         return real_model.drift(nll, ref_nll, logits.argmax(-1), ref_argmax)
 
-    return computed_once(request.getfixturevalue("tmp_path_factory"), f"real gemma3 bf16 drift {mode}", compute)
+    return computed_once(request, f"real gemma3 bf16 drift {mode}", compute)
 
 
 @pytest.mark.eager

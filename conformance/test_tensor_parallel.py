@@ -45,11 +45,13 @@ MODES = ("eager", "no_inductor", "inductor")
 pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.slow]
 
 
-def _launch(model: str, impl_spec: str, out: Path) -> list[dict] | str:
-    """Every rank's results for ``model``, or why there are none."""
+def _launch(model: str, impl_spec: str, modes: list[str], llm: bool, out: Path) -> list[dict] | str:
+    """Every rank's results for ``model`` in ``modes`` (and its LLM generations if ``llm``), or why there are
+    none."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={SIZE}"]
     cmd += ["-m", "conformance.tensor_parallel_worker", "--model", model, "--impl", impl_spec, "--out", str(out)]
+    cmd += [f"--modes={','.join(modes)}", *([] if llm else ["--no-llm"])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -57,15 +59,25 @@ def _launch(model: str, impl_spec: str, out: Path) -> list[dict] | str:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(SIZE)]
 
 
+def _needed(session, model: str) -> tuple[list[str], bool]:
+    """The modes the session's selected tests of ``model`` read, and whether one reads the LLM generations
+    (the tests without a mode): a fault's run that selects one eager test launches no Inductor compile."""
+    mine = [item for item in session.items if item.path == Path(__file__) and hasattr(item, "callspec")]
+    params = [item.callspec.params for item in mine if item.callspec.params.get("model") == model]
+    modes = [mode for mode in MODES if any(p.get("mode") == mode for p in params)]
+    return modes, any("mode" not in p for p in params)
+
+
 @pytest.fixture
-def ranks(request, tmp_path_factory):
+def ranks(request):
     """``ranks(model)``: the worker's results of each rank, for the implementation under test (one launch
-    per model and session)."""
+    per model and session, of what the session's selected tests read)."""
 
     def results(model: str) -> list[dict]:
-        out = shared_folder(tmp_path_factory) / f"tp-{model}"
-        launch = functools.partial(_launch, model, request.config.getoption("impl"), out)
-        launched = computed_once(tmp_path_factory, f"tensor-parallel {model}", launch)
+        out = shared_folder(request) / f"tp-{model}"
+        modes, llm = _needed(request.session, model)
+        launch = functools.partial(_launch, model, request.config.getoption("impl"), modes, llm, out)
+        launched = computed_once(request, f"tensor-parallel {model}", launch)
         if isinstance(launched, str):
             pytest.fail(launched)
         return launched

@@ -2,8 +2,8 @@
 
 For each fault of the catalogue visible on the device (``--device cpu``: the CPU-visible faults, gpu tests
 deselected; ``cuda``: all of them, gpu tests included) this runs ``pytest conformance --impl fault:ID -k
-TESTS -x`` in a process of its own (conformance/faults/run.py says which), collecting only the files of the tests that ``-k`` selects (one collection
-finds them; conformance/faults/run.py) and prints one line, ``FAULT_ID KIND caught
+TESTS -x`` in a process of its own, collecting only the files of the tests that ``-k`` selects (one
+collection finds them; conformance/faults/run.py says how) and prints one line, ``FAULT_ID KIND caught
 TEST_ID in S s`` or ``FAULT_ID KIND survived in S s``, then ``N caught, M survived``. Exit status 1 if any fault survived.
 A fault whose tests select nothing, or whose run errors before any test fails, survives (the reason goes to
 stderr). ``--jobs`` faults run at once, on either device; a fault marked ``alone`` (its test measures the

@@ -49,7 +49,9 @@ def _command(argv: list[str]) -> list[str]:
 
 
 def _environment(device: str, jobs: int) -> dict[str, str]:
-    env = {**os.environ, "REFERENCE_REQUIRE_CUDA": "1" if device == "cuda" else "0"}
+    # PYTEST_XDIST_*: a run started from an xdist worker (test_faults.py) is a session of its own, not a worker
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["REFERENCE_REQUIRE_CUDA"] = "1" if device == "cuda" else "0"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # share the cores
     return env
 
@@ -75,7 +77,9 @@ def run_fault(
         if device == "cpu":
             returncode, output = _forked_pytest(argv, env, Path(tmp) / "output.txt")
         else:
-            proc = subprocess.run(_command(argv), cwd=ROOT, env=env, capture_output=True, text=True)
+            proc = subprocess.run(
+                _command(argv), cwd=ROOT, env=env, capture_output=True, text=True, errors="replace"
+            )
             returncode, output = proc.returncode, proc.stdout + proc.stderr
         failed, errored = _first_failure(junit) if junit.exists() else (None, None)
         if returncode == 1 and failed:
@@ -91,23 +95,29 @@ def _forked_pytest(args: list[str], env: dict[str, str], output: Path) -> tuple[
     child = _FORKSERVER.Process(target=_pytest_main, args=(args, env, str(output)))
     child.start()
     child.join()
-    return child.exitcode, output.read_text() if output.exists() else ""
+    return child.exitcode, output.read_text(errors="replace") if output.exists() else ""
 
 
 def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
-    """The forked child: what ``subprocess.run(cmd, cwd=ROOT, env=env)`` with its output in a file would do.
-    The environment is read by the suite at run time; torch read ``OMP_NUM_THREADS`` when the server
-    imported it, so the thread count is set by hand."""
-    import pytest
+    """The forked child: ``pytest ARGS`` in ``ROOT`` with ``env`` as its environment and its output in a file.
+
+    Unlike a fresh interpreter, it keeps what the server's modules read from the environment when they were
+    imported (torch's ``OMP_NUM_THREADS``, whose thread count is therefore set here; Hugging Face's
+    ``HF_HUB_OFFLINE``; Inductor's ``TORCHINDUCTOR_*``): the server starts with the caller's environment,
+    which ``python -m conformance.faults`` never changes while it runs.
+    """
+    import pytest  # imported by the server already: these are look-ups
     import torch
 
-    os.environ.clear()
-    os.environ.update(env)
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    os.chdir(ROOT)
-    sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # first, so every error below is in the note
     os.dup2(sink, 1)
     os.dup2(sink, 2)
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS", "").split(",")[0]  # OpenMP also takes "4,2": the outer level's count
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    os.chdir(ROOT)
     sys.exit(int(pytest.main(args)))
 
 
