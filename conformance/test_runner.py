@@ -257,6 +257,17 @@ def test_a_runner_needs_positive_sizes(field, impl):
 
 
 @pytest.mark.eager
+def test_a_runner_refuses_a_max_model_len_past_the_models_positions(impl):
+    """The warm-up's dummy tokens reach position max_model_len - 1: past the rotary table, an IndexError from
+    inside torch on a CPU and a device-side assert (a dead CUDA context) on a GPU. LLM checked it; the
+    runner, which the suite and implementers drive directly, did not."""
+    config = mode_config("eager")
+    positions = HF.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"^max_model_len \({positions + 1}\) exceeds the model's max_position_emb"):
+        runner_for(impl, build_llama(HF, config), config, max_num_seqs=1, max_model_len=positions + 1)
+
+
+@pytest.mark.eager
 def test_a_token_budget_larger_than_the_kv_cache_is_refused_naming_both(impl):
     """No step can hold more tokens than max_num_seqs x max_model_len; a larger budget would only show up as
     warm-up dummies that do not fit the cache."""

@@ -86,11 +86,16 @@ def resolve_max_model_len(max_model_len: int | None, max_positions: int) -> int:
     if max_model_len is None:
         return min(max_positions, DEFAULT_MAX_MODEL_LEN)
     check_positive("max_model_len", max_model_len)
+    check_within_positions(max_model_len, max_positions)
+    return max_model_len
+
+
+def check_within_positions(max_model_len: int, max_positions: int) -> None:
+    """Raises: ValueError (one line naming both) if ``max_model_len`` exceeds the model's positions."""
     if max_model_len > max_positions:
         raise ValueError(
             f"max_model_len ({max_model_len}) exceeds the model's max_position_embeddings ({max_positions})"
         )
-    return max_model_len
 
 
 def engine_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ from torch import nn
 
 from reference.compilation import compile_model
 from reference.config import CompilationConfig, ConfigError
+from reference.engine.arguments import check_within_positions
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
@@ -127,7 +128,8 @@ class ModelRunner:
             the warm-up's dummy steps included.
 
     Raises:
-        ValueError: a size is not positive, ``max_num_batched_tokens`` exceeds ``max_num_seqs x
+        ValueError: a size is not positive, ``max_model_len`` exceeds the model's
+            ``max_position_embeddings``, ``max_num_batched_tokens`` exceeds ``max_num_seqs x
             max_model_len``, or the KV cache and input buffers exceed the device's free memory (the
             machine's physical memory on a CPU).
         ConfigError: no capture size fits the steps (piecewise: at most ``max_num_batched_tokens``; full:
@@ -148,6 +150,9 @@ class ModelRunner:
         for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len)):
             if value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value}")
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None:  # the warm-up alone would index past the rotary table
+            check_within_positions(max_model_len, positions)
         cache_tokens = max_num_seqs * max_model_len
         if max_num_batched_tokens is not None and max_num_batched_tokens > cache_tokens:
             raise ValueError(
