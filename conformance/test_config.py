@@ -63,8 +63,10 @@ def test_parsing_never_evaluates_code(tmp_path):
         ("{'level': 3", "neither JSON, a Python literal nor a level digit"),
         ("level=3", "neither JSON, a Python literal nor a level digit"),
         ("{level: 3}", "neither JSON, a Python literal nor a level digit"),
-        ("[1, 2]", "expected a dict, a JSON or Python-literal string, or a level digit; got list"),
-        ("3.0", "expected a dict, a JSON or Python-literal string, or a level digit; got float"),
+        ("[1, 2]", r"expected a dict, a JSON or Python-literal string, or a level digit; got '\[1, 2\]', a list"),
+        ("3.0", "expected a dict, a JSON or Python-literal string, or a level digit; got '3.0', a float"),
+        # '+3' reads as the int 3: the message said "or a level digit; got int: 3", as if 3 were no level
+        ("+3", r"or a level digit; got '\+3', an int \(a level is a bare digit: 3\)"),
         ("-1", r"level: expected one of \[0, 1, 2, 3\], got -1"),
         ("7", r"level: expected one of \[0, 1, 2, 3\], got 7"),
         # literal_eval raises TypeError (not ValueError) for unhashable dict keys and set items
@@ -81,6 +83,7 @@ def test_parsing_never_evaluates_code(tmp_path):
         "unquoted_key",
         "list",
         "float",
+        "plus_sign",
         "negative",
         "level_out_of_range",
         "unhashable_key",

@@ -98,7 +98,7 @@ def test_a_refused_config_says_exactly_what_and_how_to_resolve(settings, line):
         ("{'mode': 7}", "mode: expected 0-3 or one of ['NONE', 'STOCK_TORCH_COMPILE', 'DYNAMO_TRACE_ONCE', "
          "'VLLM_COMPILE'], got 7"),
         ("[1, 2]", "compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
-         "got list: [1, 2]"),
+         "got '[1, 2]', a list"),
         ("{1: }", "compilation config: '{1: }' is neither JSON, a Python literal nor a level digit (SyntaxError)"),
     ],
     ids=["vllm_mode", "not_a_dict", "not_a_literal"],

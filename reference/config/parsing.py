@@ -82,12 +82,18 @@ def config_fields(value: Mapping[str, Any] | str | int | None) -> dict[str, Any]
         return {}
     if isinstance(value, int) and not isinstance(value, bool):
         return {"level": value}
-    if isinstance(value, str):
-        value = parse_config_text(value)
+    text = value if isinstance(value, str) else None
+    if text is not None:
+        value = parse_config_text(text)
     if not isinstance(value, Mapping):
+        kind = type(value).__name__
+        got = f"{kind}: {echo(value)}"
+        if text is not None:  # say what was typed: '+3' reads as the int 3, which is no level digit here
+            got = f"{echo(text)}, {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+            if isinstance(value, int) and not isinstance(value, bool):
+                got += f" (a level is a bare digit: {value})"
         raise ConfigError(
-            f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; "
-            f"got {type(value).__name__}: {echo(value)}"
+            f"compilation config: expected a dict, a JSON or Python-literal string, or a level digit; got {got}"
         )
     return dict(value)
 
