@@ -25,7 +25,7 @@ TEXT = (Path(__file__).parents[1] / "fixtures" / "real-model-text.md").read_text
 
 # Varied real prompts, all generated in one batch (different lengths: the engine batches and pads them):
 # code, facts, a list, a dialogue, markup, prose, and one longer than the model's 512-token sliding window
-# (``TEXT``, about 600 tokens), so the local layers' window mask is crossed in prefill and decode.
+# (``TEXT``, 681 tokens), so the local layers' window mask is crossed in prefill and decode.
 PROMPTS = (
     "def fibonacci(n):",
     "import numpy as np\n\ndef softmax(x):\n",
@@ -61,13 +61,14 @@ class OracleGreedy:
 
 
 # Prompts at most this many tokens apart in length share one batched ``generate`` of the oracle (left-padded);
-# a longer one runs alone: padding the short prompts to ``TEXT``'s 600 tokens would multiply the prefill's work.
+# a longer one runs alone: padding the short prompts to ``TEXT``'s 681 tokens would multiply the prefill's work.
 BATCHED_LENGTH_SPREAD = 64
 
 
 @torch.no_grad()
 def oracle_greedy(hf_model: nn.Module, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[OracleGreedy]:
-    """transformers' ``generate`` (greedy, no EOS stop: the engine's ``ignore_eos``) for each prompt.
+    """transformers' greedy ``generate`` of ``new_tokens`` for each prompt; ``hf_model``'s generation config
+    decides whether EOS stops it (the suite sets ``eos_token_id = None``: the engine's ``ignore_eos``).
 
     Prompts of similar lengths (``BATCHED_LENGTH_SPREAD``) run as one left-padded batch with its attention
     mask, as transformers batches them: on a CPU a decode step of a 270M model costs its weight reads, so a

@@ -154,3 +154,11 @@ def test_a_forked_run_survives_an_omp_num_threads_torch_would_not_read(threads, 
     returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
     assert returncode == 0 and "1 passed" in output, output
 
+
+def test_faults_running_at_once_share_the_cores_this_process_may_use(monkeypatch):
+    """os.cpu_count() counts the machine's cores, not the ones taskset or a container's cpuset allow."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5, 7})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert run._environment("cpu", 2)["OMP_NUM_THREADS"] == "2"
+

@@ -52,7 +52,8 @@ def _environment(device: str, jobs: int) -> dict[str, str]:
     # PYTEST_XDIST_*: a run started from an xdist worker (test_faults.py) is a session of its own, not a worker
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env["REFERENCE_REQUIRE_CUDA"] = "1" if device == "cuda" else "0"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # share the cores
+    cores = len(os.sched_getaffinity(0))  # the cores this process may use (taskset, a container's cpuset)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // jobs)))  # share them
     return env
 
 
