@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from conformance import cores
 from conformance.report import IMPLEMENTATION, ConformanceReport
 from conformance.selection import load_implementation
 
@@ -56,11 +57,11 @@ def pytest_configure(config):
         except OSError as err:
             raise pytest.UsageError(f"--conformance-report {report}: cannot write it ({err.strerror or err})") from None
     config.pluginmanager.register(ConformanceReport(config), "conformance-report")
-    # Under pytest-xdist every worker would start as many intra-op threads as the machine has cores; on
-    # CI's two cores two workers would then run four busy threads. Give each worker its share instead.
+    # Under pytest-xdist every worker, and every process its tests start, would size itself for all of the
+    # machine's cores; on CI's two cores two workers would run four busy threads. Each takes its share.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+        cores.take_share(max(1, torch.get_num_threads() // workers))
     if os.environ.get("REFERENCE_REQUIRE_CUDA", "0") not in ("0", "") and not torch.cuda.is_available():
         raise pytest.UsageError(
             f"REFERENCE_REQUIRE_CUDA={os.environ['REFERENCE_REQUIRE_CUDA']} but torch {torch.__version__} "

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from conformance import cores
 from conformance.faults import FAULTS, KINDS
 from conformance.faults.__main__ import main as faults_main
 from conformance.faults import run
@@ -119,13 +120,16 @@ def test_a_forked_run_has_the_given_environment_threads_and_folder_and_returns_i
     environment and thread count a fresh process would, and its status and output must come back."""
     (tmp_path / "test_child.py").write_text(
         "import os, torch\n"
+        "from torch._inductor import config\n"
         "def test_child():\n"
         "    assert os.environ['FAULT_RUN_MARK'] == 'here' and 'HOME' not in os.environ\n"
         f"    assert torch.get_num_threads() == 1 and os.getcwd() == {str(run.ROOT)!r}\n"
+        "    assert config.compile_threads == 3\n"  # read by the server at import, from another environment
         f"    assert {outcome == 'passed'}\n"
     )
     # HOME: in the server's environment since it started, absent from the run's
     env = {**{k: v for k, v in os.environ.items() if k != "HOME"}, "FAULT_RUN_MARK": "here", "OMP_NUM_THREADS": "1"}
+    env[cores.COMPILE_THREADS] = "3"
     argv = [str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
     assert returncode == status and f"1 {outcome}" in output, output
@@ -160,5 +164,7 @@ def test_faults_running_at_once_share_the_cores_this_process_may_use(monkeypatch
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5, 7})
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert run._environment("cpu", 2)["OMP_NUM_THREADS"] == "2"
+    monkeypatch.delenv(cores.COMPILE_THREADS, raising=False)
+    env = run._environment("cpu", 2)
+    assert env["OMP_NUM_THREADS"] == env[cores.COMPILE_THREADS] == "2"  # threads and Inductor's compile workers
 

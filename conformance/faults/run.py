@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 from xml.etree import ElementTree
 
+from conformance import cores
 from conformance.faults.fault import Fault
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,9 @@ def _environment(device: str, jobs: int) -> dict[str, str]:
     # PYTEST_XDIST_*: a run started from an xdist worker (test_faults.py) is a session of its own, not a worker
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env["REFERENCE_REQUIRE_CUDA"] = "1" if device == "cuda" else "0"
-    cores = len(os.sched_getaffinity(0))  # the cores this process may use (taskset, a container's cpuset)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // jobs)))  # share them
+    usable = len(os.sched_getaffinity(0))  # the cores this process may use (taskset, a container's cpuset)
+    for name, value in cores.shared(max(1, usable // jobs), env).items():
+        env.setdefault(name, value)  # share them (a share the caller set is kept)
     return env
 
 
@@ -63,7 +65,8 @@ def run_fault(
     """Run the fault's tests; returns (the first test that failed, or None; a note saying why not).
 
     Args:
-        jobs: faults running at once, which share the machine's cores (``OMP_NUM_THREADS`` unless set).
+        jobs: faults running at once, which share the machine's cores (``OMP_NUM_THREADS`` and Inductor's
+            compile workers, conformance/cores.py, unless set).
         selected: the node ids the fault's ``-k`` expression selects (:func:`selected_tests`), when known:
             only their files are collected, about half of a fault's run on a CPU (the ``-k`` still applies).
             None: the whole suite is collected.
@@ -103,12 +106,13 @@ def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
     """The forked child: ``pytest ARGS`` in ``ROOT`` with ``env`` as its environment and its output in a file.
 
     Unlike a fresh interpreter, it keeps what the server's modules read from the environment when they were
-    imported (torch's ``OMP_NUM_THREADS``, whose thread count is therefore set here; Hugging Face's
-    ``HF_HUB_OFFLINE``; Inductor's ``TORCHINDUCTOR_*``): the server starts with the caller's environment,
-    which ``python -m conformance.faults`` never changes while it runs.
+    imported (torch's ``OMP_NUM_THREADS`` and Inductor's ``TORCHINDUCTOR_COMPILE_THREADS``, both therefore
+    set here; Hugging Face's ``HF_HUB_OFFLINE``; Inductor's other ``TORCHINDUCTOR_*``): the server starts
+    with the caller's environment, which ``python -m conformance.faults`` never changes while it runs.
     """
     import pytest  # imported by the server already: these are look-ups
     import torch
+    from torch._inductor import config as inductor_config
 
     sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # first, so every error below is in the note
     os.dup2(sink, 1)
@@ -118,6 +122,9 @@ def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
     threads = env.get("OMP_NUM_THREADS", "").split(",")[0]  # OpenMP also takes "4,2": the outer level's count
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    compile_threads = env.get(cores.COMPILE_THREADS, "")
+    if compile_threads.isdigit() and int(compile_threads) > 0:
+        inductor_config.compile_threads = int(compile_threads)
     os.chdir(ROOT)
     sys.exit(int(pytest.main(args)))
 
