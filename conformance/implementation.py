@@ -53,7 +53,8 @@ CAPABILITIES = {
     "Inductor's graph partition does, may cut there)",
     "replays": "replay_probe() accounts for every graph-able call: replayed, recorded, run without a graph, "
     "recompiled or skipped (reference.compilation.replays.ReplayTally)",
-    "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too",
+    "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too, and the "
+    "suite's own tools (its report, markers, scheduling, faults), which need checking once, not per implementation",
 }
 
 

@@ -12,6 +12,8 @@ from torch._inductor import config as inductor_config
 
 from conformance import cores
 
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
+
 
 @pytest.fixture
 def restored(monkeypatch):

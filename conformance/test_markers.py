@@ -17,6 +17,7 @@ import pytest
 from reference.config import MODES
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
 
 
 def _descriptions(pytestconfig) -> dict[str, str]:

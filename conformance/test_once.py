@@ -12,6 +12,7 @@ import pytest
 from conformance import once
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
 
 
 def test_a_value_is_computed_once_and_read_back_by_a_process_that_did_not_compute_it(request):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
 
 BENCHMARK_THEN_DEATH = """
 import os

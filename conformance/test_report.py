@@ -13,6 +13,8 @@ import pytest
 from conformance.report import side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
+
 RULE = "test_config.py::test_none_gives_the_defaults"
 
 

@@ -13,6 +13,7 @@ import pytest
 from conformance.scheduling import SHARED_RUNS, SharedRunScheduling
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
 
 
 def test_the_tests_of_one_shared_run_are_one_unit_of_work_and_any_other_test_is_its_own():

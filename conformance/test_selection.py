@@ -11,6 +11,7 @@ import pytest
 from conformance.selection import load_implementation
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
 
 
 def _raises():
