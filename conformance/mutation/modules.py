@@ -33,6 +33,14 @@ MODULES: dict[str, Module] = {
         sources=("reference/benchmark/results.py", "reference/benchmark/summary.py"),
         tests=("conformance/test_results_report.py", "conformance/test_results_rules.py"),
     ),
+    "benchmark.report": Module(
+        sources=("reference/benchmark/report.py", "reference/benchmark/chart.py", "reference/report.py"),
+        tests=(
+            "conformance/test_results_report.py",
+            "conformance/test_results_rules.py",
+            "conformance/test_bench_cli.py",
+        ),
+    ),
     "config": Module(
         sources=("reference/config/*.py",),
         tests=("conformance/test_config.py", "conformance/test_config_rules.py"),
@@ -43,6 +51,22 @@ MODULES: dict[str, Module] = {
             "conformance/test_sampling.py",
             "conformance/test_sampling_rules.py",
             "conformance/test_sampling_edges.py",
+        ),
+    ),
+    "engine.requests": Module(
+        sources=(
+            "reference/engine/requests.py",
+            "reference/engine/arguments.py",
+            "reference/engine/step_inputs.py",
+            "reference/engine/kv_cache.py",
+            "reference/engine/memory_check.py",
+        ),
+        tests=(
+            "conformance/test_requests.py",
+            "conformance/test_engine_arguments.py",
+            "conformance/test_llm.py",
+            "conformance/test_runner.py",
+            "conformance/test_generate_batching.py",
         ),
     ),
     "models.checkpoint": Module(
