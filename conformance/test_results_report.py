@@ -6,19 +6,23 @@ the files' own numbers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from reference.benchmark.results import ResultsError, newest, read_rows
 from reference.benchmark.summary import comparison_table, latency_table, speedup_table, startup_table
 from reference.config import MODES
+from reference.report import main as report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
@@ -146,8 +150,16 @@ def test_compare_gives_the_change_per_row_in_percent():
         assert line.endswith(f"| {100 * (n.latency_s / o.latency_s - 1):+.1f}% |")
 
 
-def _report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reference.report", *args], cwd=ROOT, capture_output=True, text=True)
+def _report(*args: str) -> SimpleNamespace:
+    """``python -m reference.report ARGS`` from the repository's root, in this process (so that a mutation
+    run sees which tests reach it): its exit status and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = report_main(list(args))
+        except SystemExit as exit_info:
+            status = exit_info.code
+    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):

@@ -36,9 +36,9 @@ MODULES: dict[str, Module] = {
     "benchmark.report": Module(
         sources=("reference/benchmark/report.py", "reference/benchmark/chart.py", "reference/report.py"),
         tests=(
+            "conformance/test_results_contents.py",
             "conformance/test_results_report.py",
             "conformance/test_results_rules.py",
-            "conformance/test_bench_cli.py",
         ),
     ),
     "config": Module(
