@@ -31,6 +31,12 @@ def shared_folder(request: pytest.FixtureRequest) -> Path:
     return base.parent if hasattr(request.config, "workerinput") else base
 
 
+def saved_file(request: pytest.FixtureRequest, key: str) -> Path:
+    """Where ``computed_once`` keeps ``key``'s value (``once-<sha256 of key, 16 hex>.pt`` in the shared folder);
+    its partial write, before the rename, is the same name with the suffix ``.partial``."""
+    return shared_folder(request) / f"once-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
 def computed_once(request: pytest.FixtureRequest, key: str, compute: Callable[[], Any]) -> Any:
     """``compute()``'s value, computed by one process of the session and read by the rest.
 

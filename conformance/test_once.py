@@ -26,20 +26,29 @@ def test_a_value_is_computed_once_and_read_back_by_a_process_that_did_not_comput
     assert read == first
 
 
-@pytest.mark.parametrize("failure", ["compute", "save"])
-def test_a_failed_computation_or_save_keeps_nothing_and_the_next_caller_computes_it(request, failure):
-    """A value torch.save cannot write was kept in this process but saved nowhere: other workers failed."""
+@pytest.mark.parametrize("failure", ["compute", "save", "rename"])
+def test_a_failed_computation_or_save_keeps_nothing_and_the_next_caller_computes_it(request, failure, monkeypatch):
+    """A value torch.save cannot write was kept in this process but saved nowhere: other workers failed. A
+    rename that fails (a full disk, a vanished folder) leaves a written partial file, which must go too."""
     key = f"test_once: fails in {failure}"
 
     def fails():
         if failure == "compute":
             raise RuntimeError("torchrun died")
-        return lambda: None  # cannot be pickled
+        return (lambda: None) if failure == "save" else 7  # a lambda cannot be pickled
 
-    with pytest.raises(Exception, match="torchrun died|pickle"):
-        once.computed_once(request, key, fails)
+    def rename_fails(source, target):
+        assert Path(source).exists()  # the partial file was written: only its cleanup keeps it from staying
+        raise OSError("rename failed")
+
+    with monkeypatch.context() as patch:
+        if failure == "rename":
+            patch.setattr(once.os, "replace", rename_fails)
+        with pytest.raises(Exception, match="torchrun died|pickle|rename failed"):
+            once.computed_once(request, key, fails)
+    # this key's partial file only: another worker may be writing its own value at this moment
+    assert not once.saved_file(request, key).with_suffix(".partial").exists()
     assert once.computed_once(request, key, lambda: 7) == 7
-    assert not list(once.shared_folder(request).glob("*.partial"))
 
 
 def test_the_shared_folder_is_above_a_workers_own_only_in_a_real_worker(request, monkeypatch):
