@@ -25,6 +25,28 @@ def shared(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), COMPILE_THREADS: environ.get(COMPILE_THREADS, str(threads))}
 
 
+def thread_counts(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(``OMP_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) of ``environ`` as ints, None where unset.
+
+    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count.
+    Raises:
+        ValueError: one line naming the variable, when one is set to anything but a whole number >= 1. Left
+            alone, OpenMP ignores a bad count (torch then sizes itself for every core, silently) and Inductor
+            raises a bare ``int()`` error from deep inside its import.
+    """
+    counts = []
+    for name in ("OMP_NUM_THREADS", COMPILE_THREADS):
+        text = environ.get(name)
+        if text is None:
+            counts.append(None)
+            continue
+        first = text.split(",")[0].strip() if name == "OMP_NUM_THREADS" else text.strip()
+        if not (first.isascii() and first.isdigit() and int(first) >= 1):
+            raise ValueError(f"{name}={text!r}: expected a whole number of threads >= 1, or leave it unset")
+        counts.append(int(first))
+    return counts[0], counts[1]
+
+
 def take_share(threads: int) -> None:
     """This process runs on ``threads`` threads (torch's intra-op threads, Inductor's compile workers) and
     the processes it starts inherit the same through ``os.environ``. Call it before the first Inductor

@@ -119,12 +119,11 @@ def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
     os.dup2(sink, 2)
     os.environ.clear()
     os.environ.update(env)
-    threads = env.get("OMP_NUM_THREADS", "").split(",")[0]  # OpenMP also takes "4,2": the outer level's count
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    compile_threads = env.get(cores.COMPILE_THREADS, "")
-    if compile_threads.isdigit() and int(compile_threads) > 0:
-        inductor_config.compile_threads = int(compile_threads)
+    threads, compile_threads = cores.thread_counts(env)  # a bad count raises its one line into the note
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if compile_threads is not None:
+        inductor_config.compile_threads = compile_threads
     os.chdir(ROOT)
     sys.exit(int(pytest.main(args)))
 
