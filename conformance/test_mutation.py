@@ -30,6 +30,21 @@ def test_run_mutate_refuses_an_unknown_module_in_one_line_with_exit_status_2():
     assert "'no.such.module'" in proc.stderr and "config" in proc.stderr and "engine.sampling" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "abc"], "argument --workers: expected an int >= 1, got 'abc'"),
+        (["--workers", "0"], "argument --workers: expected an int >= 1, got '0'"),
+        (["config", "config"], "module: 'config' given twice; give each module once"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_arguments_are_one_line_naming_what_is_wrong(args, message):
+    proc = subprocess.run([sys.executable, "-m", "conformance.mutation", *args], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, f"./run mutate: {message}\n")
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_every_module_mutates_existing_files_and_names_existing_test_files(name):
     module = MODULES[name]

@@ -23,6 +23,7 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 
+from conformance import cores
 from conformance.mutation import summary, workspace
 from conformance.mutation.modules import MODULES, UnknownModule, resolve
 
@@ -30,14 +31,20 @@ from conformance.mutation.modules import MODULES, UnknownModule, resolve
 MUTMUT = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.exit(cli())"]
 
 
+def _workers(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return int(text)
+
+
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="./run mutate", description="Mutation testing with mutmut, per module.")
     parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(MODULES)} (default: all)")
     parser.add_argument("--resume", action="store_true", help="continue the module's last run instead of a fresh one")
-    parser.add_argument("--workers", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--workers", type=_workers, default=1, help="mutants tested at once (default 1)")
+    # one line, as every other refusal here; argparse's own error() prints the usage line first
+    parser.error = lambda message: parser.exit(2, f"./run mutate: {message}\n")
     args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.exit(2, f"./run mutate: --workers: expected an int >= 1, got {args.workers}\n")
     try:
         args.modules = resolve(args.modules)
     except UnknownModule as err:
@@ -64,7 +71,8 @@ def _install_tool() -> None:
 def run_module(name: str, *, fresh: bool, workers: int) -> int:
     """Run mutmut on module ``name`` and record its row; mutmut's exit status."""
     work = workspace.prepare(name, fresh=fresh)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # each of the mutants tested at once takes its share of the usable cores (a share the caller set is kept)
+    env = {**cores.shared(max(1, len(os.sched_getaffinity(0)) // workers), os.environ), **os.environ}
     status = subprocess.run([*MUTMUT, "run", "--max-children", str(workers)], cwd=work, env=env).returncode
     if status != 0:
         return status

@@ -86,9 +86,12 @@ def resolve(names: list[str]) -> list[str]:
     """The modules to run: ``names`` in order, or every module when ``names`` is empty.
 
     Raises:
-        UnknownModule: a name is not in :data:`MODULES`; the message names it and lists the allowed ones.
+        UnknownModule: a name is not in :data:`MODULES` (the message names it and lists the allowed ones), or
+            is given twice.
     """
-    for name in names:
+    for index, name in enumerate(names):
         if name not in MODULES:
             raise UnknownModule(f"module: unknown {name!r}; expected one of {', '.join(MODULES)}")
+        if name in names[:index]:  # a second run would overwrite the first's row with the same numbers
+            raise UnknownModule(f"module: {name!r} given twice; give each module once")
     return list(names) or list(MODULES)
