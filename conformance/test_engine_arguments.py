@@ -110,10 +110,6 @@ def test_a_seed_must_lie_below_the_seed_limit():
         arguments.check_seed(SEED_LIMIT)
 
 
-def test_no_device_means_cuda_exactly_where_torch_sees_one():
-    assert arguments.resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @pytest.mark.parametrize(
     "device, message",
     [
@@ -157,10 +153,11 @@ def test_max_model_len_below_one_is_one_line_naming_it():
     assert str(err.value) == "max_model_len: expected an int >= 1, got 0"
 
 
-def test_no_device_means_cuda_where_torch_sees_one(monkeypatch):
-    """The other half of the rule above, on any machine: torch.device('cuda') needs no device to exist."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert arguments.resolve_device(None) == torch.device("cuda")
+@pytest.mark.parametrize("cuda", [True, False])
+def test_no_device_means_cuda_exactly_where_torch_sees_one(monkeypatch, cuda):
+    """Both halves on any machine: torch.device('cuda') needs no device to exist."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert arguments.resolve_device(None) == torch.device("cuda" if cuda else "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -143,3 +143,18 @@ def test_an_output_without_a_tokenizer_has_the_tokens_and_no_text():
 def test_the_text_leaves_out_the_token_that_stopped_the_sequence_and_special_tokens(reason, shown):
     completion = builder(Tokenizer()).output(_finished([4, 5, 6], reason)).outputs[0]
     assert completion.text == f"{shown} skip=True" and completion.token_ids == [4, 5, 6]
+
+
+def test_a_sampled_requests_generator_is_made_on_the_engines_device(monkeypatch):
+    """CUDA sampling refuses a CPU generator: a generator made without the engine's device fails only there."""
+    made_on = []
+
+    def recording(seed, device):
+        made_on.append(device)
+        return torch.Generator()
+
+    monkeypatch.setattr("reference.engine.requests.make_generator", recording)
+    engine_device = torch.device("cuda", 1)  # nothing is allocated there: the device is only passed on
+    builder = RequestBuilder("toy", VOCAB, MAX_MODEL_LEN, None, EOS, seed=0, device=engine_device)
+    builder.make([[1, 2]], SamplingParams(temperature=1.0))
+    assert made_on == [engine_device]
