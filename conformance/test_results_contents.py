@@ -68,7 +68,8 @@ def test_every_cell_of_a_latency_table_shows_its_field_rounded_as_its_header_say
         assert row["capture s"] == (f"{st['capture_s']:.2f}" if captured else "-")
         assert row["graph GiB"] == (f"{st['graph_gib']:.3f}" if captured else "-")
         assert [row[f"vs {b}"] for b in baselines] == [f"{r['speedup_vs'][b]:.2f}x" for b in baselines]
-    assert [row["mode"] for row in rows].count("-") == 0 and rows[1]["capture s"] != "-"  # breakable captures
+    breakable = next(row for row in rows if row["mode"] == "breakable")
+    assert breakable["capture s"] != "-"  # a mode with level 0 in its config that still captures graphs
 
 
 def test_a_field_that_was_not_measured_shows_as_a_dash():
@@ -82,13 +83,13 @@ def test_the_header_says_what_ran_and_notes_a_cpu_runs_missing_graphs_and_floor(
     doc = _doc()
     s = doc["settings"]
     assert markdown_header(doc) == (
-        f"llama-3.1-8b on NVIDIA H200, bfloat16: batch 8, 32 prompt + 128 generated tokens; {s['num_iters']} timed "
-        f"call(s) after {s['num_iters_warmup']} warm-up"
+        f"{doc['model']} on {doc['env']['gpu']}, {s['dtype']}: batch {s['batch_size']}, {s['input_len']} prompt + "
+        f"{s['output_len']} generated tokens; {s['num_iters']} timed call(s) after {s['num_iters_warmup']} warm-up"
     )
     cpu = copy.deepcopy(doc)
     cpu["env"]["gpu"], cpu["bandwidth_Bps"], cpu["settings"]["tensor_parallel_size"] = None, None, 2
     lines = markdown_header(cpu).splitlines()
-    assert lines[0].startswith(f"llama-3.1-8b on cpu ({doc['env']['cpu']}), bfloat16: batch 8")
+    assert lines[0].startswith(f"{doc['model']} on cpu ({doc['env']['cpu']}), {s['dtype']}: batch {s['batch_size']}")
     assert lines[0].endswith("warm-up; tensor parallel x2")
     assert lines[1:] == [
         "note: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them",
@@ -103,12 +104,13 @@ def test_the_report_file_gives_the_run_its_machine_its_floor_and_the_table():
     doc = _doc()
     env, s = doc["env"], doc["settings"]
     lines = markdown_report(doc).splitlines()
-    assert lines[:2] == ["# llama-3.1-8b: generate latency, batch 8, 32 in, 128 out", ""]
+    title = f"# {doc['model']}: generate latency, batch {s['batch_size']}, {s['input_len']} in, {s['output_len']} out"
+    assert lines[:2] == [title, ""]
     assert lines[2] == (
-        f"- date: {env['date']}; GPU: NVIDIA H200; torch {env['torch']}; transformers {env['transformers']}; "
+        f"- date: {env['date']}; GPU: {env['gpu']}; torch {env['torch']}; transformers {env['transformers']}; "
         f"custom-op kernels: {env['custom_op_kernels']}"
     )
-    assert lines[3] == f"- dtype bfloat16; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls"
+    assert lines[3] == f"- dtype {s['dtype']}; {s['num_iters']} timed calls per mode after {s['num_iters_warmup']} warm-up calls"
     assert lines[4] == (
         f"- machine: {env['cpu']}, {env['threads']} torch threads of {env['cpu_count']} cores; load average at "
         f"start {env['load_avg_at_start']}; GPU clocks {env['gpu_clocks']}"
@@ -234,5 +236,36 @@ def test_results_go_to_the_json_path_and_to_a_stamped_json_and_markdown_pair_in_
     assert sorted(p.name for p in folder.iterdir()) == sorted([json_file.name, md_file.name])  # nothing partial
 
 
-def test_no_path_and_no_folder_write_nothing(tmp_path):
+def test_no_path_and_no_folder_write_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a file written to a relative default path would land here
     assert write_results(_doc(), None, None) == [] and not list(tmp_path.iterdir())
+
+
+def test_a_level_one_or_two_mode_shows_its_compile_time():
+    doc = _doc()
+    no_inductor = next(r for r in doc["results"] if r["mode"] == "no_inductor")
+    no_inductor["compilation_config"]["level"] = 2  # whole-graph Dynamo compiles too
+    row = next(row for row in _cells(markdown_table(doc)) if row["mode"] == "no_inductor")
+    assert row["compile s"] == f"{no_inductor['startup']['compile_s']:.2f}"
+
+
+def test_a_file_from_before_tensor_parallelism_reads_as_one_process():
+    doc = _doc()
+    del doc["settings"]["tensor_parallel_size"]  # files written before the field existed
+    assert "tensor parallel" not in markdown_header(doc) and "tensor parallel" not in markdown_report(doc)
+
+
+def test_results_go_into_a_folder_that_exists_already(tmp_path):
+    (tmp_path / "results").mkdir()
+    assert len(write_results(_doc(), None, tmp_path / "results")) == 2
+
+
+def test_a_write_that_fails_before_its_file_exists_raises_its_own_error(tmp_path, monkeypatch):
+    """Cleaning up a partial file that was never made must not hide why the write failed."""
+
+    def disk_full(self, text, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_whole(tmp_path / "report.md", "text")

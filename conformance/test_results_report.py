@@ -154,12 +154,26 @@ def _report(*args: str) -> SimpleNamespace:
     """``python -m reference.report ARGS`` from the repository's root, in this process (so that a mutation
     run sees which tests reach it): its exit status and what it printed."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = report_main(list(args))
-        except SystemExit as exit_info:
-            status = exit_info.code
+    here = os.getcwd()  # contextlib.chdir would do, from Python 3.11; the project supports 3.10
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = report_main(list(args))
+            except SystemExit as exit_info:
+                status = exit_info.code
+    finally:
+        os.chdir(here)
     return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def test_the_module_runs_as_a_program_and_writes_its_report(tmp_path):
+    """The tests above call its main() in this process; this one runs ``python -m reference.report`` itself."""
+    pytest.importorskip("matplotlib")
+    cmd = [sys.executable, "-m", "reference.report", str(STEP_NEW), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| llama-3.1-8b | decode step B=8 |" in (tmp_path / "report.md").read_text()
 
 
 def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):
@@ -212,6 +226,31 @@ def test_bad_input_is_one_line_with_exit_2(args, message):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # no usage block, no traceback
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--out", "x"], "give RESULTS... and --out DIR, or --compare OLD NEW"),
+        ([str(STEP_NEW)], "give RESULTS... and --out DIR, or --compare OLD NEW"),  # results but nowhere to write
+        (["--compare", str(STEP_OLD), str(STEP_NEW), "--out", "x"], "--compare OLD NEW takes no other results and no --out"),
+    ],
+)
+def test_a_usage_error_is_the_programs_name_and_the_whole_message(args, message):
+    proc = _report(*args)
+    assert (proc.returncode, proc.stderr) == (2, f"python -m reference.report: error: {message} (see --help)\n")
+
+
+def test_help_names_the_program_and_says_what_each_argument_takes():
+    help_text = _report("--help")
+    assert help_text.returncode == 0
+    text = " ".join(help_text.stdout.split())  # argparse wraps to the terminal's width
+    assert text.startswith("usage: python -m reference.report [-h] [--out OUT] [--compare OLD NEW] [results ...]")
+    assert "``python -m reference.report RESULTS... --out DIR [--compare OLD NEW]``: saved results as a report." in text
+    for fragment in ("results bench_latency or pytest-benchmark JSON files",
+                     "--out OUT folder for report.md and latency.png (created if missing)",
+                     "--compare OLD NEW print the change per row"):  # fmt: skip
+        assert fragment in text, fragment
 
 
 def test_results_record_the_machine_state_that_moves_latencies():
