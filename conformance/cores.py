@@ -28,16 +28,17 @@ def shared(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
 def thread_counts(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
     """(``OMP_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) of ``environ`` as ints, None where unset.
 
-    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count.
+    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count; an empty
+    ``OMP_NUM_THREADS`` is unset, as OpenMP reads it.
     Raises:
-        ValueError: one line naming the variable, when one is set to anything but a whole number >= 1. Left
-            alone, OpenMP ignores a bad count (torch then sizes itself for every core, silently) and Inductor
-            raises a bare ``int()`` error from deep inside its import.
+        ValueError: one line naming the variable, when one is set to anything else but a whole number >= 1.
+            Left alone, OpenMP ignores a bad count (torch then sizes itself for every core, silently) and
+            Inductor raises a bare ``int()`` error from deep inside its import (an empty value included).
     """
     counts = []
     for name in ("OMP_NUM_THREADS", COMPILE_THREADS):
         text = environ.get(name)
-        if text is None:
+        if text is None or (name == "OMP_NUM_THREADS" and not text.strip()):
             counts.append(None)
             continue
         first = text.split(",")[0].strip() if name == "OMP_NUM_THREADS" else text.strip()

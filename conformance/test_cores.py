@@ -76,14 +76,16 @@ def test_an_xdist_worker_passes_its_share_to_what_its_tests_start():
 
 
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", cores.COMPILE_THREADS])
-@pytest.mark.parametrize("value", ["abc", "", "0", "-2", "1.5", "٣"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "٣"])
 def test_a_thread_count_that_is_not_a_whole_number_of_at_least_one_is_refused_by_name(variable, value):
     with pytest.raises(ValueError, match=f"^{variable}='{value}': expected a whole number of threads >= 1"):
         cores.thread_counts({variable: value})
 
 
 def test_thread_counts_read_both_variables_and_openmps_list_form():
-    assert cores.thread_counts({}) == (None, None)
+    assert cores.thread_counts({}) == cores.thread_counts({"OMP_NUM_THREADS": " "}) == (None, None)  # OpenMP's unset
+    with pytest.raises(ValueError, match=f"^{cores.COMPILE_THREADS}='': "):  # Inductor's int('') fails
+        cores.thread_counts({cores.COMPILE_THREADS: ""})
     assert cores.thread_counts({"OMP_NUM_THREADS": "4,2", cores.COMPILE_THREADS: "3"}) == (4, 3)
 
 

@@ -149,14 +149,26 @@ def test_a_faults_run_is_no_xdist_worker_even_when_started_from_one(monkeypatch)
     assert not [name for name in run._environment("cpu", 2) if name.startswith("PYTEST_XDIST")]
 
 
-@pytest.mark.parametrize("threads", ["", "four", "4,2"])
-def test_a_forked_run_survives_an_omp_num_threads_torch_would_not_read(threads, tmp_path):
-    """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived."""
+@pytest.mark.parametrize("threads", ["", "4,2", "four"])
+def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(threads, tmp_path):
+    """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived.
+    Empty is unset and "4,2" is 4, as OpenMP reads them; "four" is refused in the run's own output."""
     (tmp_path / "test_child.py").write_text("def test_child():\n    pass\n")
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     argv = [str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
-    assert returncode == 0 and "1 passed" in output, output
+    if threads == "four":
+        assert returncode != 0 and "OMP_NUM_THREADS='four': expected a whole number of threads >= 1" in output
+    else:
+        assert returncode == 0 and "1 passed" in output, output
+
+
+def test_the_fault_run_refuses_a_bad_thread_count_before_it_starts(monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "four")
+    with pytest.raises(SystemExit) as exit_info:
+        faults_main(["--only", CPU_FAULTS[0].id])
+    assert exit_info.value.code == 2
+    assert "OMP_NUM_THREADS='four': expected a whole number of threads >= 1" in capsys.readouterr().err
 
 
 def test_faults_running_at_once_share_the_cores_this_process_may_use(monkeypatch):
