@@ -47,8 +47,7 @@ def computed_once(request: pytest.FixtureRequest, key: str, compute: Callable[[]
     An exception of ``compute`` or of saving its value is raised in the process that ran it and keeps
     nothing: the next process that needs the value runs ``compute`` again.
     """
-    name = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = shared_folder(request) / f"once-{name}.pt"
+    path = saved_file(request, key)
     if path not in _read:
         with FileLock(f"{path}.lock"):
             if path.exists():

@@ -46,9 +46,11 @@ def test_a_failed_computation_or_save_keeps_nothing_and_the_next_caller_computes
             patch.setattr(once.os, "replace", rename_fails)
         with pytest.raises(Exception, match="torchrun died|pickle|rename failed"):
             once.computed_once(request, key, fails)
+    saved = once.saved_file(request, key)
     # this key's partial file only: another worker may be writing its own value at this moment
-    assert not once.saved_file(request, key).with_suffix(".partial").exists()
-    assert once.computed_once(request, key, lambda: 7) == 7
+    assert list(saved.parent.glob(f"{saved.stem}.*")) == [saved.with_name(saved.name + ".lock")]
+    assert once.computed_once(request, key, lambda: 8) == 8  # not a value the failed call kept
+    assert saved.exists()
 
 
 def test_the_shared_folder_is_above_a_workers_own_only_in_a_real_worker(request, monkeypatch):
