@@ -28,23 +28,23 @@ def shared(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
 def thread_counts(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
     """(``OMP_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) of ``environ`` as ints, None where unset.
 
-    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count; an empty
-    ``OMP_NUM_THREADS`` is unset, as OpenMP reads it.
+    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count.
     Raises:
-        ValueError: one line naming the variable, when one is set to anything else but a whole number >= 1.
-            Left alone, OpenMP ignores a bad count (torch then sizes itself for every core, silently) and
-            Inductor raises a bare ``int()`` error from deep inside its import (an empty value included).
+        ValueError: one line naming the variable, when one is set to anything but a whole number >= 1 (for
+            ``OMP_NUM_THREADS``, a comma-separated list of them), an empty value included. Left alone,
+            OpenMP warns of a bad list and ignores it (torch then sizes itself for every core) and Inductor
+            raises a bare ``int()`` error from deep inside its import.
     """
     counts = []
     for name in ("OMP_NUM_THREADS", COMPILE_THREADS):
         text = environ.get(name)
-        if text is None or (name == "OMP_NUM_THREADS" and not text.strip()):
+        if text is None:
             counts.append(None)
             continue
-        first = text.split(",")[0].strip() if name == "OMP_NUM_THREADS" else text.strip()
-        if not (first.isascii() and first.isdigit() and int(first) >= 1):
+        parts = text.split(",") if name == "OMP_NUM_THREADS" else [text]
+        if not all(p.strip().isascii() and p.strip().isdigit() and int(p) >= 1 for p in parts):
             raise ValueError(f"{name}={text!r}: expected a whole number of threads >= 1, or leave it unset")
-        counts.append(int(first))
+        counts.append(int(parts[0]))
     return counts[0], counts[1]
 
 

@@ -48,11 +48,13 @@ def test_taking_a_share_under_the_fixture_leaves_the_variables_as_they_were():
     assert {name: os.environ.get(name) for name in names} == before
 
 
-def test_a_share_sets_the_threads_here_and_in_the_processes_started_from_here(restored):
-    cores.take_share(1)
-    assert torch.get_num_threads() == 1 and inductor_config.compile_threads == 1  # 1: no pool of compile workers
-    child = "import os, torch; print(torch.get_num_threads(), os.environ['TORCHINDUCTOR_COMPILE_THREADS'])"
-    assert subprocess.check_output([sys.executable, "-c", child], text=True).split() == ["1", "1"]
+@pytest.mark.parametrize("share", [1, 3])  # 1: no pool of compile workers; 3: no process's default anywhere
+def test_a_share_sets_the_threads_here_and_in_the_processes_started_from_here(restored, share):
+    cores.take_share(share)
+    assert torch.get_num_threads() == inductor_config.compile_threads == share
+    # the variables themselves: torch may cap what it reads from OMP_NUM_THREADS at the cores it is allowed
+    child = "import os; print(os.environ['OMP_NUM_THREADS'], os.environ['TORCHINDUCTOR_COMPILE_THREADS'])"
+    assert subprocess.check_output([sys.executable, "-c", child], text=True).split() == [str(share)] * 2
 
 
 def test_an_inductor_compile_thread_count_set_by_the_user_is_kept(restored, monkeypatch):
@@ -76,16 +78,15 @@ def test_an_xdist_worker_passes_its_share_to_what_its_tests_start():
 
 
 @pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", cores.COMPILE_THREADS])
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "٣"])
+@pytest.mark.parametrize("value", ["abc", "", " ", "0", "-2", "1.5", "٣", "2,", ",2", "2,,3", "2,x"])
 def test_a_thread_count_that_is_not_a_whole_number_of_at_least_one_is_refused_by_name(variable, value):
-    with pytest.raises(ValueError, match=f"^{variable}='{value}': expected a whole number of threads >= 1"):
+    with pytest.raises(ValueError) as err:
         cores.thread_counts({variable: value})
+    assert str(err.value) == f"{variable}={value!r}: expected a whole number of threads >= 1, or leave it unset"
 
 
 def test_thread_counts_read_both_variables_and_openmps_list_form():
-    assert cores.thread_counts({}) == cores.thread_counts({"OMP_NUM_THREADS": " "}) == (None, None)  # OpenMP's unset
-    with pytest.raises(ValueError, match=f"^{cores.COMPILE_THREADS}='': "):  # Inductor's int('') fails
-        cores.thread_counts({cores.COMPILE_THREADS: ""})
+    assert cores.thread_counts({}) == (None, None)
     assert cores.thread_counts({"OMP_NUM_THREADS": "4,2", cores.COMPILE_THREADS: "3"}) == (4, 3)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from conformance.faults.run import run_fault, selected_tests
 
 pytestmark = pytest.mark.requires("components")  # the catalogue plants its faults in the reference
 
+ROOT = Path(__file__).resolve().parents[1]
 CPU_FAULTS = [f for f in FAULTS if f.device == "cpu"]
 
 
@@ -149,26 +152,29 @@ def test_a_faults_run_is_no_xdist_worker_even_when_started_from_one(monkeypatch)
     assert not [name for name in run._environment("cpu", 2) if name.startswith("PYTEST_XDIST")]
 
 
-@pytest.mark.parametrize("threads", ["", "4,2", "four"])
+@pytest.mark.parametrize("threads", ["4,2", "", "four"])
 def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(threads, tmp_path):
     """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived.
-    Empty is unset and "4,2" is 4, as OpenMP reads them; "four" is refused in the run's own output."""
+    "4,2" is 4, as OpenMP reads it; "" and "four" are refused in the run's own output, where the note reads it."""
     (tmp_path / "test_child.py").write_text("def test_child():\n    pass\n")
     env = {**os.environ, "OMP_NUM_THREADS": threads}
     argv = [str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     returncode, output = run._forked_pytest(argv, env, tmp_path / "output.txt")
-    if threads == "four":
-        assert returncode != 0 and "OMP_NUM_THREADS='four': expected a whole number of threads >= 1" in output
-    else:
+    if threads == "4,2":
         assert returncode == 0 and "1 passed" in output, output
+    else:
+        assert returncode != 0 and f"OMP_NUM_THREADS={threads!r}: expected a whole number of threads >= 1" in output
 
 
-def test_the_fault_run_refuses_a_bad_thread_count_before_it_starts(monkeypatch, capsys):
-    monkeypatch.setenv("OMP_NUM_THREADS", "four")
-    with pytest.raises(SystemExit) as exit_info:
-        faults_main(["--only", CPU_FAULTS[0].id])
-    assert exit_info.value.code == 2
-    assert "OMP_NUM_THREADS='four': expected a whole number of threads >= 1" in capsys.readouterr().err
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", cores.COMPILE_THREADS])
+def test_the_fault_run_refuses_a_bad_thread_count_in_one_line_before_it_starts(variable):
+    """Inductor's config fails on a bad TORCHINDUCTOR_COMPILE_THREADS when the catalogue imports it."""
+    env = {**os.environ, variable: "four"}
+    proc = subprocess.run([sys.executable, "-m", "conformance.faults", "--list"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == (f"python -m conformance.faults: error: {variable}='four': expected a "
+                                            "whole number of threads >= 1, or leave it unset")  # fmt: skip
 
 
 def test_faults_running_at_once_share_the_cores_this_process_may_use(monkeypatch):

@@ -6,6 +6,7 @@ Mutation testing itself is not run here (it takes minutes per module); these che
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,14 @@ def test_bad_arguments_are_one_line_naming_what_is_wrong(args, message):
     proc = subprocess.run([sys.executable, "-m", "conformance.mutation", *args], cwd=ROOT, capture_output=True,
                           text=True)  # fmt: skip
     assert (proc.returncode, proc.stderr) == (2, f"./run mutate: {message}\n")
+
+
+def test_a_bad_thread_count_is_refused_before_any_run_starts():
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "abc"}
+    proc = subprocess.run([sys.executable, "-m", "conformance.mutation", "config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, "./run mutate: TORCHINDUCTOR_COMPILE_THREADS='abc': expected a "
+                                                 "whole number of threads >= 1, or leave it unset\n")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -45,6 +45,10 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     # one line, as every other refusal here; argparse's own error() prints the usage line first
     parser.error = lambda message: parser.exit(2, f"./run mutate: {message}\n")
     args = parser.parse_args(argv)
+    try:  # before anything is deleted: each mutant's pytest run would fail on a bad count and count as killed
+        cores.thread_counts(os.environ)
+    except ValueError as err:
+        parser.exit(2, f"./run mutate: {err}\n")
     try:
         args.modules = resolve(args.modules)
     except UnknownModule as err:
