@@ -41,6 +41,28 @@ MODULES: dict[str, Module] = {
             "conformance/test_results_rules.py",
         ),
     ),
+    "compilation": Module(
+        # the CPU-reachable stages: trace, split, compile each piece, count; the CUDA-graph wrappers
+        # (cuda_graph.py, full_graph.py, replays.py, stale_outputs.py) capture nothing on a CPU
+        sources=(
+            "reference/compilation/capture.py",
+            "reference/compilation/backend.py",
+            "reference/compilation/split.py",
+            "reference/compilation/compile_piece.py",
+            "reference/compilation/counters.py",
+            "reference/compilation/inductor_passes.py",
+            "reference/compilation/breakable.py",
+        ),
+        tests=(
+            "conformance/test_structure.py",
+            "conformance/test_what_ran.py",
+            "conformance/test_breakable.py",
+            "conformance/test_inductor_passes.py",
+            "conformance/test_graph_replays.py",
+            "conformance/test_stale_outputs.py",
+            "conformance/test_custom_ops.py",
+        ),
+    ),
     "config": Module(
         sources=("reference/config/*.py",),
         tests=("conformance/test_config.py", "conformance/test_config_rules.py"),
