@@ -8,8 +8,10 @@ files' own numbers, so a cell that shows another field, another rounding or anot
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,6 +222,73 @@ def test_the_legend_names_every_mode_once_and_the_floor(drawn):
     (legend,) = figure.legends
     labels = [t.get_text() for t in legend.get_texts()]
     assert sorted(labels) == sorted({r.mode for r in rows} | {"floor"})  # each once, from whichever panel
+    import numpy as np
+
+    import matplotlib.pyplot as plt
+
+    tab10, modes = plt.get_cmap("tab10"), mode_order(rows)
+    colours = {mode: tab10(modes.index(mode) % tab10.N) for mode in modes} | {"floor": (0.0, 0.0, 0.0, 1.0)}
+    for label, handle in zip(labels, legend.legend_handles, strict=True):  # each label beside its mode's colour
+        colour = handle.get_facecolor() if label != "floor" else handle.get_color()
+        assert tuple(np.asarray(colour, dtype=float).reshape(-1, 4)[0]) == tuple(colours[label]), label
+
+
+def test_floors_are_black_and_the_log_axis_reads_in_plain_numbers(drawn):
+    from matplotlib.colors import to_rgba
+
+    _, figure = drawn
+    for ax in figure.axes:
+        assert [tuple(c) for coll in ax.collections for c in coll.get_colors()] == [to_rgba("black")] * sum(
+            len(coll.get_segments()) for coll in ax.collections
+        )
+        for axis_formatter in (ax.yaxis.get_major_formatter(), ax.yaxis.get_minor_formatter()):
+            assert [axis_formatter(y, 0) for y in (0.5, 4.0, 1000.0)] == ["0.5", "4", "1000"]  # not 10^3
+
+
+def test_the_legend_sits_below_every_panel_without_covering_one(drawn):
+    _, figure = drawn
+    figure.canvas.draw()  # positions are known after a draw
+    (legend,) = figure.legends
+    legend_top = legend.get_window_extent().y1
+    assert all(legend_top <= ax.get_window_extent().y0 for ax in figure.axes)
+    assert legend.get_window_extent().y0 >= 0  # inside the figure
+    whole = figure.bbox
+    for ax in figure.axes:  # each panel inside the figure, with a width and a height
+        box = ax.get_window_extent()
+        assert whole.x0 <= box.x0 < box.x1 <= whole.x1 and whole.y0 <= box.y0 < box.y1 <= whole.y1
+
+
+def _chart(rows, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from reference.benchmark.chart import latency_chart
+
+    figures = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self) or real_savefig(self, *a, **k))
+    latency_chart(rows, tmp_path / "chart.png")
+    return figures[0]
+
+
+def test_a_model_without_some_mode_gets_the_bars_it_has_and_one_model_still_gets_a_floor(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    rows = newest(read_rows(STEP))
+    missing = rows[-1]
+    assert len({r.model for r in rows}) == 1 and any(r.floor_s for r in rows)
+    other = [dataclasses.replace(r, model="other-model") for r in rows if r.mode != missing.mode]
+    figure = _chart(rows + other, tmp_path, monkeypatch)
+    assert len(figure.axes[0].patches) == len(rows) + len(other)
+    figure = _chart(rows, tmp_path, monkeypatch)  # one model: its floor is the first (i == 0) and only one
+    assert "floor" in [t.get_text() for t in figure.legends[0].get_texts()]
+
+
+def test_without_matplotlib_the_chart_says_how_to_install_it(tmp_path, monkeypatch):
+    from reference.benchmark.chart import latency_chart
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(ImportError) as err:
+        latency_chart(read_rows(STEP), tmp_path / "chart.png")
+    assert str(err.value) == "the chart needs matplotlib: pip install matplotlib (or the project's [test] extra)"
 
 
 def test_results_go_to_the_json_path_and_to_a_stamped_json_and_markdown_pair_in_the_folder(tmp_path):
@@ -241,10 +310,11 @@ def test_no_path_and_no_folder_write_nothing(tmp_path, monkeypatch):
     assert write_results(_doc(), None, None) == [] and not list(tmp_path.iterdir())
 
 
-def test_a_level_one_or_two_mode_shows_its_compile_time():
+@pytest.mark.parametrize("level", [1, 2])  # Dynamo compiles at every level above 0
+def test_a_level_one_or_two_mode_shows_its_compile_time(level):
     doc = _doc()
     no_inductor = next(r for r in doc["results"] if r["mode"] == "no_inductor")
-    no_inductor["compilation_config"]["level"] = 2  # whole-graph Dynamo compiles too
+    no_inductor["compilation_config"]["level"] = level
     row = next(row for row in _cells(markdown_table(doc)) if row["mode"] == "no_inductor")
     assert row["compile s"] == f"{no_inductor['startup']['compile_s']:.2f}"
 

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from reference.benchmark.results import ResultsError, newest, read_rows
-from reference.benchmark.summary import comparison_table, latency_table, speedup_table, startup_table
+from reference.benchmark.summary import comparison_table, latency_table, sources, speedup_table, startup_table
+from reference.benchmark.summary import IQR_WARNING
 from reference.config import MODES
 from reference.report import main as report_main
 
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
 STEP_OLD = ROOT / "perf/results/step-llama-3.1-8b-decode-old-20261201.json"
 STEP_NEW = ROOT / "perf/results/step-llama-3.1-8b-decode-new-20261201.json"
+# two runs of one model: the peers' newest rows and the modes' newest rows come from different runs
+GEMMA_RUNS = (ROOT / "perf/results/gemma-3-4b-20261130-050617.json", ROOT / "perf/results/gemma-3-4b-20261201-141614.json")
 STEP_FULL = ROOT / "perf/results/step-llama-3.1-8b-decode-full-20261201.json"  # breakable, no_inductor, *_full
 STEP_LOOP = ROOT / "perf/results/step-llama-3.1-8b-decode-loop-20261201.json"  # six modes and torch-native
 GENERATE_LOOP = ROOT / "perf/results/llama-3.1-8b-20261201-160646.json"  # six modes, no baselines
@@ -226,6 +229,7 @@ def test_bad_input_is_one_line_with_exit_2(args, message):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # no usage block, no traceback
     assert message in proc.stderr
+    assert "[Errno" not in proc.stderr  # an OS error is named by its words (strerror), not by its repr
 
 
 @pytest.mark.parametrize(
@@ -333,3 +337,61 @@ def test_a_results_file_that_cannot_be_written_whole_leaves_no_truncated_file(tm
     with pytest.raises(OSError, match="No space left on device"):
         report.write_results(doc, tmp_path / "run.json", None)
     assert list(tmp_path.iterdir()) == []  # neither the file nor its partial copy
+
+
+def test_compare_prints_the_table_of_both_runs_newest_rows_and_nothing_else():
+    proc = _report("--compare", str(STEP_OLD), str(STEP_NEW))
+    expected = comparison_table(newest(read_rows(STEP_OLD)), newest(read_rows(STEP_NEW)))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, expected + "\n", "")
+
+
+def test_compare_of_unrelated_runs_names_both_files_in_order():
+    proc = _report("--compare", str(GENERATE), str(STEP_NEW))
+    assert proc.stderr == (
+        f"python -m reference.report: error: --compare: {GENERATE} and {STEP_NEW} share no (model, measure, mode) "
+        "row; compare two runs of the same benchmark (see --help)\n"
+    )
+
+
+def test_a_file_without_latency_rows_is_refused_in_so_many_words(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"machine_info": {}, "commit_info": {}, "benchmarks": [], "datetime": "2026-12-01"}))
+    assert read_rows(empty) == []  # a pytest-benchmark run that saved no benchmark
+    proc = _report(str(empty), "--out", str(tmp_path / "out"))
+    assert (proc.returncode, proc.stderr) == (2, "python -m reference.report: error: the files hold no latency rows "
+                                                 "(see --help)\n")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("with_peers", [True, False])
+def test_the_report_is_its_sections_in_order_written_whole_and_printed(tmp_path, with_peers):
+    """The peers' section comes from each peer's own run: in the two gemma runs the peers' newest rows and the
+    modes' newest rows are from different runs, so it differs from a table of the newest rows alone."""
+    pytest.importorskip("matplotlib")
+    files = [*GEMMA_RUNS, STEP_NEW] if with_peers else [STEP_NEW]
+    out = tmp_path / "made" / "for" / "it"  # folders made as needed
+    proc = _report(*map(str, files), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    every_row = [row for path in files for row in read_rows(path)]
+    rows = newest(every_row)
+    peers = speedup_table(rows, every_row)
+    assert bool(peers) == with_peers and (not peers or peers != speedup_table(rows))
+    expected = [
+        "# Latency by model and mode",
+        "p50 per call (per step for 'back to back' rows: a timed round of several steps / its steps), with its "
+        "multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed calls' interquartile range "
+        f"exceeds {IQR_WARNING:.0%} of the median. Chart: `latency.png`.",
+        latency_table(rows),
+        *(["## Speed-up over the peers",
+           "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's own "
+           "run where it timed the mode too; `†`: the mode's row comes from another run.",
+           peers] if with_peers else []),
+        "## Start-up and graph memory",
+        startup_table(rows),
+        "## From",
+        sources(rows),
+        f"Written by `python -m reference.report {' '.join(map(str, files))} --out {out}`.",
+    ]  # fmt: skip
+    text = (out / "report.md").read_text()
+    assert text == "\n\n".join(expected) + "\n"
+    assert proc.stdout == text and proc.stderr == f"wrote {out / 'report.md'} and {out / 'latency.png'}\n"
