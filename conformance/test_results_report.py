@@ -222,6 +222,7 @@ def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch
         ([str(STEP_NEW), "--out", "/proc/no-such-dir"], "--out: cannot make the folder /proc/no-such-dir"),
         # a folder that exists but takes no files (root may write anywhere else, so /proc it is)
         ([str(STEP_NEW), "--out", "/proc"], "--out: cannot write in /proc"),
+        ([str(STEP_NEW), "--out", ""], "argument --out: expected a folder path, got an empty one"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_2(args, message):
@@ -395,3 +396,35 @@ def test_the_report_is_its_sections_in_order_written_whole_and_printed(tmp_path,
     text = (out / "report.md").read_text()
     assert text == "\n\n".join(expected) + "\n"
     assert proc.stdout == text and proc.stderr == f"wrote {out / 'report.md'} and {out / 'latency.png'}\n"
+
+
+def _spoiled(tmp_path, spoil) -> Path:
+    """A copy of the bench_latency file GENERATE with ``spoil(doc)`` applied."""
+    doc = json.loads(GENERATE.read_text())
+    spoil(doc)
+    path = tmp_path / "spoiled.json"
+    path.write_text(json.dumps(doc))  # json writes float('inf') as Infinity, which it also reads back
+    return path
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda d: d["results"][0]["latency_s"].update(p50=float("inf")), "latency inf s is not a positive number"),
+        (lambda d: d["results"][0].update(floor_s="abc"), "floor_s 'abc' is not a finite number or null"),
+        (lambda d: d["results"][0].update(floor_s=float("nan")), "floor_s nan is not a finite number or null"),
+        (lambda d: d["results"][0]["startup"].update(graph_gib=True), "graph_gib True is not a finite number or null"),
+        (lambda d: d["results"][0].update(mode=["eager"]), "mode ['eager'] is not a string"),
+        (lambda d: d.update(model=7), "model 7 is not a string"),
+        (lambda d: d["env"].update(date=5), "date 5 is not a string"),
+        (lambda d: d["env"].update(gpu=3), "gpu 3 is not a string or null"),
+    ],
+)
+def test_a_field_of_the_wrong_kind_is_refused_naming_the_file_and_field(tmp_path, spoil, message):
+    """Each reached the chart or a table and ended in a traceback (matplotlib's log scale, a sort, a hash)."""
+    path = _spoiled(tmp_path, spoil)
+    with pytest.raises(ResultsError) as err:
+        read_rows(path)
+    assert str(err.value).startswith(f"{path}: ") and str(err.value).endswith(message), str(err.value)
+    proc = _report(str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and message in proc.stderr

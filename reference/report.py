@@ -26,10 +26,16 @@ from reference.benchmark.summary import (
 )
 
 
+def _folder(text: str) -> Path:
+    if not text.strip():  # Path("") is the current folder: an unset shell variable would write the report there
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty one")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m reference.report", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path, help="bench_latency or pytest-benchmark JSON files")
-    parser.add_argument("--out", type=Path, help="folder for report.md and latency.png (created if missing)")
+    parser.add_argument("--out", type=_folder, help="folder for report.md and latency.png (created if missing)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="print the change per row")
     return parser
 

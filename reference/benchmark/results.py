@@ -8,6 +8,7 @@ several files give the same key, the newest run (by its recorded date) is kept.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +131,8 @@ def read_rows(path: str | Path) -> list[Row]:
     """The rows of one results file.
 
     Raises:
-        ResultsError: unreadable, not JSON, neither format, a latency that is not a positive number, or a
+        ResultsError: unreadable, not JSON, neither format, a latency that is not a finite positive number,
+            another number that is not finite or null, a name or date that is not a string, or a
             ``steps_per_round`` that is not a number >= 1 (one line naming the file).
     """
     try:
@@ -150,10 +152,28 @@ def read_rows(path: str | Path) -> list[Row]:
         raise ResultsError(f"{path}: a results file without the field {err}") from None
     except (TypeError, AttributeError) as err:
         raise ResultsError(f"{path}: a results file with a field of the wrong type ({err})") from None
-    for row in rows:  # the report divides by latencies
-        if not (_is_number(row.latency_s) and row.latency_s > 0):
-            raise ResultsError(f"{path}: mode {row.mode!r}: latency {row.latency_s} s is not a positive number")
+    for row in rows:
+        _check_row(row, path)
     return rows
+
+
+def _check_row(row: Row, path: str | Path) -> None:
+    """Each field of ``row`` has the kind the tables and the chart take, or ResultsError names it: a wrong
+    kind got through to a sort, a hash or matplotlib's log scale as a traceback."""
+    for name in ("model", "measure", "mode", "date"):
+        if not isinstance(getattr(row, name), str):
+            raise ResultsError(f"{path}: {name} {getattr(row, name)!r} is not a string")
+    where = f"{path}: mode {row.mode!r}:"
+    # the report divides by latencies and draws them on a log scale
+    if not (_is_number(row.latency_s) and math.isfinite(row.latency_s) and row.latency_s > 0):
+        raise ResultsError(f"{where} latency {row.latency_s} s is not a positive number")
+    for name in ("floor_s", "startup_s", "graph_gib", "iqr_s"):
+        value = getattr(row, name)
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise ResultsError(f"{where} {name} {value!r} is not a finite number or null")
+    for name in ("gpu", "torch"):
+        if getattr(row, name) is not None and not isinstance(getattr(row, name), str):
+            raise ResultsError(f"{where} {name} {getattr(row, name)!r} is not a string or null")
 
 
 def mode_order(rows: list[Row]) -> list[str]:
