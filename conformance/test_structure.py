@@ -34,6 +34,7 @@ from conformance.helpers import (
 from conformance.implementation import make_runner
 from conformance.oracle import ORACLE_ATOL
 from reference.compilation import compilation_counter, expect_counters
+from reference.compilation.backend import check_splitting_ops_exist
 from reference.compilation.compile_piece import example_inputs
 from reference.compilation.split import op_name
 from reference.config import CompilationConfig, ConfigError, mode_config
@@ -315,6 +316,23 @@ def test_an_aten_splitting_op_is_refused_since_dynamo_graphs_never_hold_one(impl
     cut at them (README, splitting_ops)."""
     with pytest.raises(ConfigError, match=f"splitting_ops: '{name}' is an ATen-level op"):
         impl.compile(SillyModel(), CompilationConfig(splitting_ops=[name]))
+
+
+@pytest.mark.requires("components")  # the reference's own words; the rules above read only their start
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("aten::mm", "'aten::mm' is an ATen-level op: Dynamo's graph never holds one (ATen ops appear later, in "
+         "AOT Autograd), and a breakable capture could not break at it (ATen ops return tensors; a splitting op "
+         "writes into buffers it is given); name a torch.library custom op such as 'reference::attention'"),
+        ("foo::bar", "'foo::bar' is not a registered torch.library op; import the module that defines it before "
+         "compiling, or fix the name"),
+    ],
+)  # fmt: skip
+def test_a_refused_splitting_op_is_explained_whole(name, message):
+    with pytest.raises(ConfigError) as err:
+        check_splitting_ops_exist(("reference::attention", name))
+    assert str(err.value) == f"splitting_ops: {message}"
 
 
 @pytest.mark.requires("pieces")
