@@ -1,0 +1,135 @@
+"""The reference backend's per-piece decisions (reference.compilation.backend), on pieces built by hand: which
+splitting-op pieces skip the dispatcher, which pieces are refused for capture and in what words, and what
+makes a graph count as on CUDA or a piece argument as a token count.
+
+These are the reference's own choices, below what the conformance rules can see: the rules compare outputs,
+and a splitting-op piece run through the dispatcher gives the same output as its direct call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import reference.ops  # noqa: F401  (registers the reference:: ops)
+from reference.compilation import backend
+from reference.compilation.split import Piece
+from reference.config import ConfigError
+
+pytestmark = pytest.mark.requires("components")
+
+aten = torch.ops.aten
+
+
+def _piece(build, name: str = "submod_1") -> Piece:
+    """A piece whose graph ``build(graph, x, out)`` fills in after two placeholders x and out."""
+    graph = torch.fx.Graph()
+    x, out = graph.placeholder("x"), graph.placeholder("out")
+    build(graph, x, out)
+    return Piece(name, 1, True, torch.fx.GraphModule(torch.nn.Module(), graph))
+
+
+def _one_call(graph, x, out):
+    graph.call_function(aten.add_.Tensor, (out, x))
+    graph.output(())
+
+
+# ---------------------------------------------------------------------- direct calls of splitting ops
+def test_a_one_call_piece_with_a_registered_function_calls_it_with_the_pieces_arguments_in_place(monkeypatch):
+    calls = []
+    monkeypatch.setattr(backend, "direct_call", lambda name: (lambda *a: calls.append((name, a))))
+
+    def build(graph, x, out):
+        graph.call_function(aten.add_.Tensor, (out, x, 2.5))  # placeholders and a constant, positional
+        graph.output(())
+
+    direct = backend._direct_splitting_call(_piece(build))
+    assert direct("X", "OUT") == () and calls == [("aten::add_", ("OUT", "X", 2.5))]
+
+
+def _keyword(graph, x, out):
+    graph.call_function(aten.add_.Tensor, (out, x), {"alpha": 2})
+    graph.output(())
+
+
+def _two_calls(graph, x, out):
+    graph.call_function(aten.add_.Tensor, (out, x))
+    graph.call_function(aten.add_.Tensor, (out, x))
+    graph.output(())
+
+
+def _returns(graph, x, out):
+    graph.output(graph.call_function(aten.add.Tensor, (out, x)))
+
+
+def _no_call(graph, x, out):
+    graph.output(())
+
+
+@pytest.mark.parametrize("build", [_keyword, _two_calls, _returns, _no_call])
+def test_any_other_piece_keeps_the_dispatcher(monkeypatch, build):
+    """Keywords, several calls, a returned tensor or no call at all: the piece stays as Dynamo made it."""
+    monkeypatch.setattr(backend, "direct_call", lambda name: (lambda *a: None))
+    assert backend._direct_splitting_call(_piece(build)) is None
+
+
+def test_an_op_without_a_registered_function_keeps_the_dispatcher(monkeypatch):
+    names = []
+    monkeypatch.setattr(backend, "direct_call", lambda name: names.append(name))  # registered: nothing
+    assert backend._direct_splitting_call(_piece(_one_call)) is None and names == ["aten::add_"]
+
+
+# ---------------------------------------------------------------------- pieces refused for capture
+def test_a_splitting_op_that_returns_tensors_is_refused_in_full():
+    with pytest.raises(ConfigError) as err:
+        backend._check_writes_into_buffers(_piece(_returns))
+    assert str(err.value) == (
+        "splitting_ops: 'aten::add' returns tensors; with cudagraph_mode='piecewise' a splitting op must write "
+        "into buffers the previous piece allocated (as reference::attention does), or use cudagraph_mode='none'"
+    )
+    backend._check_writes_into_buffers(_piece(_one_call))  # writes into out: accepted
+
+
+def test_an_op_tagged_cudagraph_unsafe_inside_a_piece_to_capture_is_refused_in_full():
+    attention = torch.ops.reference.attention.default
+    assert torch.Tag.cudagraph_unsafe in attention.tags
+
+    def build(graph, x, out):
+        graph.call_function(aten.add_.Tensor, (out, x))  # untagged ops before it are fine
+        graph.call_function(attention, tuple(graph.placeholder(f"a{i}") for i in range(len(attention._schema.arguments))))
+        graph.output(())
+
+    with pytest.raises(ConfigError) as err:
+        backend._check_no_unsafe_op_captured(_piece(build, name="submod_4"))
+    assert str(err.value) == (
+        "splitting_ops: 'reference::attention' (tagged torch.Tag.cudagraph_unsafe: it reads per-step metadata) "
+        "would be captured inside CUDA-graph piece submod_4; add it to splitting_ops, leave splitting_ops at its "
+        "default (None), or use cudagraph_mode='none'"
+    )
+    backend._check_no_unsafe_op_captured(_piece(_one_call))  # untagged only: accepted
+
+
+# ---------------------------------------------------------------------- device and token-count arguments
+def _graph_module(example_values: list) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    for i, value in enumerate(example_values):
+        graph.placeholder(f"arg{i}").meta["example_value"] = value
+    graph.output(())
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("device, expected", [("cuda", True), ("cpu", False)])
+def test_a_graph_is_on_cuda_when_one_of_its_inputs_dynamo_recorded_is(device, expected):
+    with FakeTensorMode():  # fake CUDA tensors need no GPU
+        values = [3, torch.empty(2, 4), torch.empty(2, device=device)]
+    assert backend._on_cuda(_graph_module(values)) is expected
+
+
+def test_a_pieces_token_count_arguments_are_its_symbolic_ints():
+    token_count = ShapeEnv().create_unbacked_symint()
+    with FakeTensorMode():
+        values = [torch.empty(2, 4), token_count, 7, token_count]
+    piece = Piece("submod_0", 0, False, _graph_module(values))
+    assert backend._size_args(piece) == (1, 3)
