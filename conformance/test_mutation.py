@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+from types import SimpleNamespace
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def test_run_mutate_refuses_an_unknown_module_in_one_line_with_exit_status_2():
         (["--workers", "0"], "argument --workers: expected an int >= 1, got '0'"),
         (["config", "config"], "module: 'config' given twice; give each module once"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--resume", "--survivors", "config"], "give --resume or --survivors, not both"),
     ],
 )
 def test_bad_arguments_are_one_line_naming_what_is_wrong(args, message):
@@ -90,3 +92,34 @@ def test_an_equivalent_mutant_without_a_reason_is_refused_naming_the_line(tmp_pa
 def test_every_committed_equivalent_mutant_names_a_mutant_of_the_package_and_a_reason():
     for name, reason in summary.load_equivalent().items():
         assert name.startswith("reference.") and "__mutmut_" in name and reason, name
+
+
+def test_survivors_needs_an_earlier_run_of_the_module(tmp_path, monkeypatch):
+    from conformance.mutation import __main__ as mutate, workspace
+
+    monkeypatch.setattr(workspace, "WORK", tmp_path)  # no module has run here
+    with pytest.raises(SystemExit) as exit_info:
+        mutate._arguments(["--survivors", "config"])
+    assert exit_info.value.code == 2
+
+
+def test_survivors_re_tests_exactly_the_mutants_left_alive_and_records_the_row(tmp_path, monkeypatch):
+    """The names go to ``mutmut run`` (which re-tests a mutant only when named), killed ones stay killed."""
+    from conformance.mutation import __main__ as mutate, workspace
+
+    before = "    m.x__mutmut_1: killed\n    m.x__mutmut_2: survived\n    m.x__mutmut_3: no tests\n"
+    after = "    m.x__mutmut_1: killed\n    m.x__mutmut_2: killed\n    m.x__mutmut_3: no tests\n"
+    commands, recorded = [], {}
+
+    def fake_run(command, **kwargs):
+        commands.append(command[3:])  # after MUTMUT's interpreter and -c script
+        output = after if any("m.x__mutmut_2" in c for c in commands[:-1]) else before
+        return SimpleNamespace(returncode=0, stdout=output)
+
+    monkeypatch.setattr(workspace, "prepare", lambda name, fresh: tmp_path)
+    monkeypatch.setattr(mutate.subprocess, "run", fake_run)
+    monkeypatch.setattr(mutate.summary, "record", lambda name, row: recorded.update({name: row}))
+    assert mutate.run_module("config", fresh=False, workers=1, survivors=True) == 0
+    runs = [c for c in commands if c[0] == "run"]
+    assert runs == [["run", "--max-children", "1", "m.x__mutmut_2", "m.x__mutmut_3"]]
+    assert (recorded["config"]["killed"], recorded["config"]["no tests"]) == (2, 1)

@@ -1,4 +1,4 @@
-"""``./run mutate [--resume] [--workers N] [MODULE ...]``: mutation testing of the modules in ``modules.py``.
+"""``./run mutate [--resume | --survivors] [--workers N] [MODULE ...]``: mutation testing of the modules in ``modules.py``.
 
 The tool is mutmut 3 (the ``mutate`` extra). It was picked over cosmic-ray for speed on a small machine: mutmut
 compiles every mutant of a file into one copy of it, switched by an environment variable, and forks each
@@ -9,7 +9,8 @@ command per mutant, paying torch's import and pytest's collection every time.
 For each MODULE (all of them when none is given), in its own directory ``build/mutate/MODULE/``
 (``workspace.py``): ``mutmut run`` with one worker (``--workers``), then ``mutmut results``, counted and
 written to ``results.json`` and ``RESULTS.md`` here (``summary.py``). A fresh run starts from
-nothing; ``--resume`` continues an interrupted one (mutmut keeps the verdicts it reached). Exit status 2 for
+nothing; ``--resume`` continues an interrupted one (mutmut keeps the verdicts it reached); ``--survivors``
+re-tests only the mutants a finished run did not kill, after tests were added for them. Exit status 2 for
 bad arguments, 1 when mutmut fails.
 """
 
@@ -42,6 +43,9 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"one of: {', '.join(MODULES)} (default: all)")
     parser.add_argument("--resume", action="store_true", help="continue the module's last run instead of a fresh one")
     parser.add_argument("--workers", type=_workers, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--survivors", action="store_true",
+                        help="after adding tests: re-test only the mutants the module's finished last run did not "
+                             "kill (survived, or reached by no test); the rest keep their verdicts")  # fmt: skip
     # one line, as every other refusal here; argparse's own error() prints the usage line first
     parser.error = lambda message: parser.exit(2, f"./run mutate: {message}\n")
     args = parser.parse_args(argv)
@@ -53,6 +57,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         args.modules = resolve(args.modules)
     except UnknownModule as err:
         parser.exit(2, f"./run mutate: {err}\n")
+    if args.survivors and args.resume:
+        parser.exit(2, "./run mutate: give --resume or --survivors, not both\n")
+    if args.survivors:
+        never_run = [name for name in args.modules if not (workspace.WORK / name / "mutants").is_dir()]
+        if never_run:
+            parser.exit(2, f"./run mutate: --survivors: no earlier run of {', '.join(never_run)} to re-test\n")
     return args
 
 
@@ -72,17 +82,25 @@ def _install_tool() -> None:
         subprocess.run([*pip, "--progress-bar", "off", "-e", ".[mutate]"], cwd=workspace.ROOT, check=True)
 
 
-def run_module(name: str, *, fresh: bool, workers: int) -> int:
-    """Run mutmut on module ``name`` and record its row; mutmut's exit status."""
+def _statuses(work, env) -> dict[str, str]:
+    output = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=work, env=env, capture_output=True,
+                            text=True, check=True).stdout
+    return summary.parse_results(output)
+
+
+def run_module(name: str, *, fresh: bool, workers: int, survivors: bool = False) -> int:
+    """Run mutmut on module ``name`` and record its row; mutmut's exit status. ``survivors``: re-test only
+    the mutants the last run left alive (tests only kill more: the killed ones stay killed)."""
     work = workspace.prepare(name, fresh=fresh)
     # each of the mutants tested at once takes its share of the usable cores (a share the caller set is kept)
     env = {**cores.shared(max(1, len(os.sched_getaffinity(0)) // workers), os.environ), **os.environ}
-    status = subprocess.run([*MUTMUT, "run", "--max-children", str(workers)], cwd=work, env=env).returncode
-    if status != 0:
-        return status
-    output = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=work, env=env, capture_output=True,
-                            text=True, check=True).stdout
-    row = summary.count(summary.parse_results(output), summary.load_equivalent())
+    # mutmut re-tests the mutants it is given by name, and only those; new tests get their stats first
+    names = [n for n, status in _statuses(work, env).items() if status in ("survived", "no tests")] if survivors else []
+    if not survivors or names:
+        status = subprocess.run([*MUTMUT, "run", "--max-children", str(workers), *names], cwd=work, env=env).returncode
+        if status != 0:
+            return status
+    row = summary.count(_statuses(work, env), summary.load_equivalent())
     provenance = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "mutmut": metadata.version("mutmut"),
                   "commit": _commit()}
     summary.record(name, {**provenance, **row})
@@ -96,7 +114,8 @@ def main(argv: list[str]) -> int:
     args = _arguments(argv)
     _install_tool()
     for name in args.modules:
-        status = run_module(name, fresh=not args.resume, workers=args.workers)
+        status = run_module(name, fresh=not (args.resume or args.survivors), workers=args.workers,
+                            survivors=args.survivors)
         if status != 0:
             print(f"./run mutate: mutmut failed on module {name} (exit status {status})", file=sys.stderr)
             return 1
