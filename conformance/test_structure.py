@@ -259,43 +259,6 @@ def test_a_call_unlike_the_traced_one_raises_type_error(other, impl):
             compiled(other)
 
 
-class _Scaled(torch.nn.Module):
-    def forward(self, x, scale):
-        return x * scale
-
-
-@pytest.mark.requires("components")  # the reference's per-call check, for arguments that are not tensors
-def test_a_non_tensor_argument_of_another_type_than_the_traced_one_is_refused():
-    """Dynamo bakes a Python number into the graph it traces; with its guards dropped, a call with a number
-    of another type would run the traced one silently."""
-    from reference.compilation import compile_model
-
-    compiled = compile_model(_Scaled(), CompilationConfig(level=2, use_inductor=False, cudagraph_mode="none"))
-    x = torch.randn(4, 8)
-    torch.testing.assert_close(compiled(x, 2), x * 2)
-    with pytest.raises(TypeError) as err:
-        compiled(x, 2.5)
-    traced = [(torch.float32, torch.device("cpu"), (8,)), int]
-    assert str(err.value) == (
-        "compiled model called with arguments of another dtype, device or non-token shape than the first call: "
-        f"got {[traced[0], float]}, traced {traced}; the graph was traced once, for the first kind, and cannot "
-        "serve others"
-    )
-
-
-@pytest.mark.requires("components")
-def test_a_one_token_first_call_is_refused_in_full():
-    from reference.compilation import compile_model
-
-    compiled = compile_model(_Scaled(), CompilationConfig(level=2, use_inductor=False, cudagraph_mode="none"))
-    with pytest.raises(ValueError) as err:
-        compiled(torch.randn(1, 8), 2)
-    assert str(err.value) == (
-        "the first call traces the model and needs at least 2 tokens in argument 0 (got shape (1, 8)): Dynamo "
-        "specializes sizes 0 and 1, which would fix the graph to that size; make the first call with a larger batch"
-    )
-
-
 @pytest.mark.requires("trace_once")
 @pytest.mark.parametrize("level", [2, pytest.param(3, marks=pytest.mark.no_inductor)])
 def test_a_retrace_after_a_dynamo_reset_is_refused_with_a_clear_error(level, impl):

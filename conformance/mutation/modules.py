@@ -56,6 +56,7 @@ MODULES: dict[str, Module] = {
         tests=(
             "conformance/test_structure.py",
             "conformance/test_backend_pieces.py",
+            "conformance/test_compiled_model.py",
             "conformance/test_what_ran.py",
             "conformance/test_inductor_passes.py",
             "conformance/test_graph_replays.py",

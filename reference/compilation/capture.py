@@ -77,7 +77,6 @@ class CompiledModel:
     """
 
     def __init__(self, model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True):
-        self.model = model
         self.config = config
         self.check_inputs = check_inputs
         guard = StaleOutputGuard() if config.debug_cudagraph_outputs else None

@@ -1,0 +1,115 @@
+"""The reference's compiled model and graph split below what the conformance rules compare
+(reference.compilation.capture, reference.compilation.split): how a call is checked against the traced one,
+the private forward each compiled model gets, the one warning without CUDA, the pieces' names and order.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from reference.compilation import compile_model
+from reference.compilation.split import split_graph
+from reference.config import CompilationConfig
+
+pytestmark = pytest.mark.requires("components")
+
+aten = torch.ops.aten
+
+
+def _config(**fields) -> CompilationConfig:
+    return CompilationConfig(**{"level": 2, "use_inductor": False, "cudagraph_mode": "none", **fields})
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x, scale):
+        return x * scale
+
+
+def test_a_non_tensor_argument_of_another_type_than_the_traced_one_is_refused():
+    """Dynamo bakes a Python number into the graph it traces; with its guards dropped, a call with a number
+    of another type would run the traced one silently."""
+    compiled = compile_model(_Scaled(), _config())
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x, 2), x * 2)
+    with pytest.raises(TypeError) as err:
+        compiled(x, 2.5)
+    traced = [(torch.float32, torch.device("cpu"), (8,)), int]
+    assert str(err.value) == (
+        "compiled model called with arguments of another dtype, device or non-token shape than the first call: "
+        f"got {[traced[0], float]}, traced {traced}; the graph was traced once, for the first kind, and cannot "
+        "serve others"
+    )
+
+
+def test_a_one_token_first_call_is_refused_in_full():
+    compiled = compile_model(_Scaled(), _config())
+    with pytest.raises(ValueError) as err:
+        compiled(torch.randn(1, 8), 2)
+    assert str(err.value) == (
+        "the first call traces the model and needs at least 2 tokens in argument 0 (got shape (1, 8)): Dynamo "
+        "specializes sizes 0 and 1, which would fix the graph to that size; make the first call with a larger batch"
+    )
+
+
+def test_level_one_checks_nothing_and_recompiles_for_another_dtype():
+    """Level 1 is Dynamo as it is: its own guards decide, and the traced-once checks are not its business."""
+    compiled = compile_model(_Scaled(), _config(level=1))
+    x = torch.randn(4, 8)
+    compiled(x, 2)
+    torch.testing.assert_close(compiled(x.double(), 2), x.double() * 2)
+
+
+def _closure_model(factor: float) -> torch.nn.Module:
+    class WithDefaultsAndClosure(torch.nn.Module):
+        def forward(self, x, scale=3.0):
+            return x * scale * factor  # factor: a free variable, held in forward's closure
+
+    return WithDefaultsAndClosure()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_forward_with_defaults_and_a_closure_compiles_like_the_original(level):
+    """Each compiled model gets a private copy of forward's code (capture._own_forward); the copy must keep
+    the function's defaults and closure."""
+    model = _closure_model(0.5)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compile_model(model, _config(level=level))(x), model(x))
+
+
+@pytest.mark.no_inductor
+def test_graphs_asked_for_without_cuda_warn_once_at_the_callers_line():
+    compiled = compile_model(_Scaled(), _config(cudagraph_mode="piecewise", level=3))
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(x, 2)
+        compiled(x, 2)
+    ours = [w for w in caught if "CUDA graphs asked for" in str(w.message)]
+    assert len(ours) == 1 and ours[0].category is RuntimeWarning
+    assert ours[0].filename == __file__  # the line that called the model, not the library's
+    assert str(ours[0].message) == (
+        "CUDA graphs asked for (cudagraph_mode='piecewise') but the model is not on a CUDA device: CUDA graphs "
+        "exist only on CUDA, so the model runs (compiled, if its level says so) without graphs"
+    )
+
+
+def test_pieces_are_named_and_numbered_in_execution_order_around_each_splitting_op():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = graph.call_function(aten.mul.Tensor, (x, 2.0))
+    b = graph.call_function(aten.relu.default, (a,))  # a splitting op, by name below
+    c = graph.call_function(aten.add.Tensor, (b, 1.0))
+    d = graph.call_function(aten.relu.default, (c,))
+    graph.output(graph.call_function(aten.sin.default, (d,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    split, pieces = split_graph(gm, ("aten::relu",))
+    assert [(p.name, p.index, p.is_splitting_op) for p in pieces] == [
+        ("submod_0", 0, False), ("submod_1", 1, True), ("submod_2", 2, False), ("submod_3", 3, True),
+        ("submod_4", 4, False),
+    ]  # fmt: skip
+    assert all(getattr(split, p.name) is p.module for p in pieces)
+    x = torch.randn(5)
+    torch.testing.assert_close(split(x), gm(x))
