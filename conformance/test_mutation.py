@@ -107,8 +107,10 @@ def test_survivors_re_tests_exactly_the_mutants_left_alive_and_records_the_row(t
     """The names go to ``mutmut run`` (which re-tests a mutant only when named), killed ones stay killed."""
     from conformance.mutation import __main__ as mutate, workspace
 
-    before = "    m.x__mutmut_1: killed\n    m.x__mutmut_2: survived\n    m.x__mutmut_3: no tests\n"
-    after = "    m.x__mutmut_1: killed\n    m.x__mutmut_2: killed\n    m.x__mutmut_3: no tests\n"
+    before = ("    m.x__mutmut_1: killed\n    m.x__mutmut_2: survived\n    m.x__mutmut_3: no tests\n"
+              "    m.x__mutmut_4: not checked\n")  # fmt: skip
+    after = ("    m.x__mutmut_1: killed\n    m.x__mutmut_2: killed\n    m.x__mutmut_3: no tests\n"
+             "    m.x__mutmut_4: killed\n")  # fmt: skip
     commands, recorded = [], {}
 
     def fake_run(command, **kwargs):
@@ -121,5 +123,5 @@ def test_survivors_re_tests_exactly_the_mutants_left_alive_and_records_the_row(t
     monkeypatch.setattr(mutate.summary, "record", lambda name, row: recorded.update({name: row}))
     assert mutate.run_module("config", fresh=False, workers=1, survivors=True) == 0
     runs = [c for c in commands if c[0] == "run"]
-    assert runs == [["run", "--max-children", "1", "m.x__mutmut_2", "m.x__mutmut_3"]]
-    assert (recorded["config"]["killed"], recorded["config"]["no tests"]) == (2, 1)
+    assert runs == [["run", "--max-children", "1", "m.x__mutmut_2", "m.x__mutmut_3", "m.x__mutmut_4"]]
+    assert (recorded["config"]["killed"], recorded["config"]["no tests"]) == (3, 1)

@@ -10,7 +10,7 @@ For each MODULE (all of them when none is given), in its own directory ``build/m
 (``workspace.py``): ``mutmut run`` with one worker (``--workers``), then ``mutmut results``, counted and
 written to ``results.json`` and ``RESULTS.md`` here (``summary.py``). A fresh run starts from
 nothing; ``--resume`` continues an interrupted one (mutmut keeps the verdicts it reached); ``--survivors``
-re-tests only the mutants a finished run did not kill, after tests were added for them. Exit status 2 for
+re-tests only the mutants the last run did not kill (survived, reached by no test, or not checked), after tests were added. Exit status 2 for
 bad arguments, 1 when mutmut fails.
 """
 
@@ -44,8 +44,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue the module's last run instead of a fresh one")
     parser.add_argument("--workers", type=_workers, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--survivors", action="store_true",
-                        help="after adding tests: re-test only the mutants the module's finished last run did not "
-                             "kill (survived, or reached by no test); the rest keep their verdicts")  # fmt: skip
+                        help="after adding tests: re-test only the mutants the module's last run did not kill "
+                             "(survived, reached by no test, not checked); the rest keep their verdicts")  # fmt: skip
     # one line, as every other refusal here; argparse's own error() prints the usage line first
     parser.error = lambda message: parser.exit(2, f"./run mutate: {message}\n")
     args = parser.parse_args(argv)
@@ -95,7 +95,9 @@ def run_module(name: str, *, fresh: bool, workers: int, survivors: bool = False)
     # each of the mutants tested at once takes its share of the usable cores (a share the caller set is kept)
     env = {**cores.shared(max(1, len(os.sched_getaffinity(0)) // workers), os.environ), **os.environ}
     # mutmut re-tests the mutants it is given by name, and only those; new tests get their stats first
-    names = [n for n, status in _statuses(work, env).items() if status in ("survived", "no tests")] if survivors else []
+    # (and the ones not checked yet: a function edited since has new mutants)
+    alive = ("survived", "no tests", "not checked")
+    names = [n for n, status in _statuses(work, env).items() if status in alive] if survivors else []
     if not survivors or names:
         status = subprocess.run([*MUTMUT, "run", "--max-children", str(workers), *names], cwd=work, env=env).returncode
         if status != 0:
