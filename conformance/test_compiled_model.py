@@ -113,3 +113,80 @@ def test_pieces_are_named_and_numbered_in_execution_order_around_each_splitting_
     assert all(getattr(split, p.name) is p.module for p in pieces)
     x = torch.randn(5)
     torch.testing.assert_close(split(x), gm(x))
+
+
+# ---------------------------------------------------------------------- the backend's trace, split and words
+@torch.library.custom_op("test_compiled_model::unsafe_copy", mutates_args=("out",), tags=(torch.Tag.cudagraph_unsafe,))
+def _unsafe_copy(x: torch.Tensor, out: torch.Tensor) -> None:
+    """An op tagged like attention: the default splitting_ops (None) splits at it."""
+    out.copy_(x)
+
+
+class _Tagged(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        _unsafe_copy(x * 2, out)
+        return out + 1
+
+
+@pytest.mark.parametrize("level, pieces", [(2, 1), pytest.param(3, 3, marks=pytest.mark.no_inductor)])
+def test_only_level_three_splits_at_the_default_splitting_ops(level, pieces):
+    compiled = compile_model(_Tagged(), _config(level=level))
+    assert compiled.backend.pieces == []  # nothing traced yet
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    assert len(compiled.backend.pieces) == pieces
+
+
+@pytest.mark.no_inductor
+@pytest.mark.parametrize(
+    "splitting_ops, named", [(None, "ops tagged cudagraph_unsafe"), (["reference::attention"], "['reference::attention']")]
+)
+def test_splitting_ops_that_the_graph_never_calls_are_named_in_the_warning(splitting_ops, named):
+    compiled = compile_model(_Scaled(), _config(level=3, splitting_ops=splitting_ops))
+    with pytest.warns(RuntimeWarning) as caught:
+        compiled(torch.randn(4, 8), 2)
+    assert [str(w.message) for w in caught if "none of splitting_ops" in str(w.message)] == [
+        f"none of splitting_ops ({named}) is called in the traced graph, so the model is one piece (attention "
+        "included, if it is in the graph); splitting ops must be torch.library custom ops, which Dynamo keeps as "
+        "graph nodes"
+    ]
+
+
+def test_a_second_trace_is_refused_in_full():
+    compiled = compile_model(_Scaled(), _config())
+    compiled(torch.randn(4, 8), 2)
+    with pytest.raises(RuntimeError) as err:
+        compiled.backend(torch.fx.symbolic_trace(_Scaled()), [])  # what Dynamo does after torch._dynamo.reset()
+    assert str(err.value) == (
+        "this model was traced a second time, but levels 2 and 3 trace once (the token dimension is marked dynamic "
+        "only on the first call); this happens after torch._dynamo.reset() - build a new compiled model "
+        "(compile_model / ModelRunner) after resetting Dynamo"
+    )
+
+
+def test_the_backend_refuses_level_zero_in_full():
+    from reference.compilation.backend import PiecewiseBackend
+    from reference.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        PiecewiseBackend(CompilationConfig(level=0))
+    assert str(err.value) == "level=0 means no compilation; PiecewiseBackend needs level 1, 2 or 3"
+
+
+class _GraphBreak(torch.nn.Module):
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+
+@pytest.mark.parametrize("level", [1, 2, pytest.param(3, marks=pytest.mark.no_inductor)])
+def test_a_graph_break_is_an_error_at_every_compiled_level(level):
+    """One whole graph (fullgraph): a break would split it where no splitting op is, silently."""
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compile_model(_GraphBreak(), _config(level=level))(torch.randn(4, 8))
+
+
+def test_the_per_call_check_can_be_turned_off_for_callers_that_feed_their_own_buffers():
+    assert compile_model(_Scaled(), _config(), check_inputs=False).check_inputs is False
+    assert compile_model(_Scaled(), _config()).check_inputs is True
