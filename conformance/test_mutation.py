@@ -119,6 +119,7 @@ def test_survivors_re_tests_exactly_the_mutants_left_alive_and_records_the_row(t
         return SimpleNamespace(returncode=0, stdout=output)
 
     monkeypatch.setattr(workspace, "prepare", lambda name, fresh: tmp_path)
+    monkeypatch.setattr(mutate.metadata, "version", lambda name: "3.8.1")  # CI and the GPU host lack mutmut
     monkeypatch.setattr(mutate.subprocess, "run", fake_run)
     monkeypatch.setattr(mutate.summary, "record", lambda name, row: recorded.update({name: row}))
     assert mutate.run_module("config", fresh=False, workers=1, survivors=True) == 0
