@@ -16,10 +16,7 @@ import torch
 
 from conformance import cores
 
-try:  # before anything imports Inductor, whose config would fail on a bad count with a bare int() error
-    cores.thread_counts(os.environ)
-except ValueError as err:
-    raise SystemExit(f"pytest: {err}") from None  # one line, exit status 1: a conftest cannot raise UsageError yet
+cores.refuse_bad_counts("pytest")  # before anything imports Inductor; a conftest cannot raise UsageError yet
 from conformance.report import IMPLEMENTATION, ConformanceReport
 from conformance.selection import load_implementation
 

@@ -12,6 +12,7 @@ A share of 1 compiles in the process itself, with no pool.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Mapping
 
 import torch
@@ -46,6 +47,16 @@ def thread_counts(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
             raise ValueError(f"{name}={text!r}: expected a whole number of threads >= 1, or leave it unset")
         counts.append(int(parts[0]))
     return counts[0], counts[1]
+
+
+def refuse_bad_counts(program: str) -> None:
+    """Exit with status 2 and one line, ``PROGRAM: THE ERROR``, when :func:`thread_counts` refuses this
+    process's environment. Programs call it before anything imports Inductor."""
+    try:
+        thread_counts(os.environ)
+    except ValueError as err:
+        print(f"{program}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def take_share(threads: int) -> None:

@@ -1,4 +1,4 @@
-"""``./run mutate [--resume | --survivors] [--workers N] [MODULE ...]``: mutation testing of the modules in ``modules.py``.
+"""``./run mutate [--resume | --survivors] [--workers N] [MODULE ...]``: mutation testing per module.
 
 The tool is mutmut 3 (the ``mutate`` extra). It was picked over cosmic-ray for speed on a small machine: mutmut
 compiles every mutant of a file into one copy of it, switched by an environment variable, and forks each
@@ -10,8 +10,8 @@ For each MODULE (all of them when none is given), in its own directory ``build/m
 (``workspace.py``): ``mutmut run`` with one worker (``--workers``), then ``mutmut results``, counted and
 written to ``results.json`` and ``RESULTS.md`` here (``summary.py``). A fresh run starts from
 nothing; ``--resume`` continues an interrupted one (mutmut keeps the verdicts it reached); ``--survivors``
-re-tests only the mutants the last run did not kill (survived, reached by no test, or not checked), after tests were added. Exit status 2 for
-bad arguments, 1 when mutmut fails.
+re-tests only the mutants the last run did not kill (survived, reached by no test, or not checked), after
+tests were added. Exit status 2 for bad arguments, 1 when mutmut fails.
 """
 
 from __future__ import annotations
@@ -49,10 +49,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     # one line, as every other refusal here; argparse's own error() prints the usage line first
     parser.error = lambda message: parser.exit(2, f"./run mutate: {message}\n")
     args = parser.parse_args(argv)
-    try:  # before anything is deleted: each mutant's pytest run would fail on a bad count and count as killed
-        cores.thread_counts(os.environ)
-    except ValueError as err:
-        parser.exit(2, f"./run mutate: {err}\n")
+    # before anything is deleted: each mutant's pytest run would fail on a bad count and count as killed
+    cores.refuse_bad_counts("./run mutate")
     try:
         args.modules = resolve(args.modules)
     except UnknownModule as err:
