@@ -12,13 +12,6 @@ workers launch the three at once), while the rest go out one test at a time (xdi
 xdist's own way to say this, ``@pytest.mark.xdist_group`` with ``--dist loadgroup``, writes the group into
 a node id field that pytest 9.2 no longer reads, so it silently hands the tests out one by one
 (pytest-xdist issue #1386, open on 2026-12-02).
-
-The slow tests go out first (conformance/conftest.py), and xdist keeps each worker up to three units ahead,
-all from the head of the queue: a two-minute test could wait behind another on a busy worker while the rest
-went idle. A worker must know its next test before it runs one, so it always holds units ahead; here those
-come from the tail of the queue, the quick tests, while the worker's last unit from the head has tests
-left, and its next unit from the head is handed out only when that one is done. So each slow test starts
-on the first worker to finish its slow test, as in a longest-first schedule.
 """
 
 from __future__ import annotations
@@ -38,12 +31,7 @@ REPLACES = ("load", "loadgroup")
 
 
 class SharedRunScheduling(LoadScopeScheduling):
-    """xdist's load scheduling with the tests of each run in ``SHARED_RUNS`` as one unit of work, and a
-    worker's next unit from the head of the queue handed out only when its last one is done (module doc)."""
-
-    def __init__(self, config, log=None) -> None:
-        super().__init__(config, log)
-        self._head_units: dict = {}  # worker -> scope of the last unit it took from the head of the queue
+    """xdist's load scheduling with the tests of each run in ``SHARED_RUNS`` as one unit of work."""
 
     def _split_scope(self, nodeid: str) -> str:
         module, _, test = nodeid.partition("::")
@@ -54,15 +42,3 @@ class SharedRunScheduling(LoadScopeScheduling):
         params = test.partition("[")[2]  # "llama-tiny-eager]"
         runs = [name for name in SHARED_RUNS[module] if params.startswith((f"{name}-", f"{name}]"))]
         return f"{module}::{runs[0]}" if runs else nodeid
-
-    def _assign_work_unit(self, node) -> None:
-        """Send ``node`` the next unit from the head of the queue, or from its tail while the node's last
-        unit from the head has tests left."""
-        running = self._head_units.get(node)
-        from_tail = running is not None and not all(self.assigned_work[node][running].values())
-        scope, work_unit = self.workqueue.popitem(last=from_tail)
-        if not from_tail:
-            self._head_units[node] = scope
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
