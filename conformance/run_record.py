@@ -6,9 +6,11 @@ What ``tox -e gpu`` runs. The steps, in this order, each in processes of its own
    not the tests that read the device's free memory);
 2. ``device_memory``: those tests, alone on the device;
 3. ``faults``: ``python -m conformance.faults`` over every fault of the catalogue visible on the device,
-   one fault per process, as many at once as the machine has cores to spare;
+   one fault per process, as many at once as the machine has cores to spare (all but two);
 4. ``perf``: one untimed pass over ``perf/`` (``--benchmark-disable``; its run is saved to a scratch
-   folder, not ``.benchmarks/``).
+   folder, not ``.benchmarks/``), alongside ``faults``: neither times anything, and on the H200 the 59 s
+   of ``perf`` after the 124 s of ``faults`` took ``tox -e gpu`` past its 8 minutes (2026-12-03). Their
+   lines come as they are printed, each prefixed with its step's name.
 
 Every step runs even when an earlier one failed (a GPU run is too dear to stop at the first red step);
 the exit status is 1 if any step failed. Each step prints its wall time as it ends, and the record
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from xml.etree import ElementTree
@@ -55,52 +58,71 @@ def _pytest_counts(junit: Path) -> dict[str, int]:
     return counts
 
 
-def _steps(device: str, scratch: Path, pytest_args: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, command) of each step for ``device`` (``cuda`` or ``cpu``)."""
+def _stages(device: str, scratch: Path, pytest_args: list[str]) -> list[list[tuple[str, list[str]]]]:
+    """The steps for ``device`` (``cuda`` or ``cpu``), as (name, command), in stages: the steps of a stage run
+    at once, stages one after another."""
     cpus = os.cpu_count() or 1
     workers = str(max(2, min(8, cpus // 2)))
     jobs = str(max(1, cpus - 2))
     return [
-        ("suite", [*PYTEST, "conformance", "-m", "not faults and not device_memory", "-n", workers,
-                   "--durations=25", f"--junitxml={scratch / 'suite.xml'}", *pytest_args]),
-        ("device_memory", [*PYTEST, "conformance", "-m", "device_memory and not faults",
-                           f"--junitxml={scratch / 'device_memory.xml'}", *pytest_args]),
-        ("faults", [sys.executable, "-m", "conformance.faults", "--device", device, "--jobs", jobs]),
-        ("perf", [*PYTEST, "perf", "--benchmark-disable", f"--benchmark-storage=file://{scratch / 'benchmarks'}",
-                  "-q", f"--junitxml={scratch / 'perf.xml'}"]),
+        [("suite", [*PYTEST, "conformance", "-m", "not faults and not device_memory", "-n", workers,
+                    "--durations=25", f"--junitxml={scratch / 'suite.xml'}", *pytest_args])],
+        [("device_memory", [*PYTEST, "conformance", "-m", "device_memory and not faults",
+                            f"--junitxml={scratch / 'device_memory.xml'}", *pytest_args])],
+        [("faults", [sys.executable, "-m", "conformance.faults", "--device", device, "--jobs", jobs]),
+         ("perf", [*PYTEST, "perf", "--benchmark-disable", f"--benchmark-storage=file://{scratch / 'benchmarks'}",
+                   "-q", f"--junitxml={scratch / 'perf.xml'}"])],
     ]  # fmt: skip
 
 
-def _run_step(name: str, command: list[str], scratch: Path) -> dict:
-    """Run one step, its output passed through; returns its entry of the record.
+def _run_stage(stage: list[tuple[str, list[str]]], scratch: Path) -> list[dict]:
+    """Run a stage's steps at once, their output passed through (each line prefixed with its step's name when
+    there are several); returns their entries of the record, in the stage's order.
 
-    The step runs in a process group of its own, which is ended whole (its xdist workers, torchrun's
+    Each step runs in a process group of its own, which is ended whole (its xdist workers, torchrun's
     processes) if the driver is interrupted or terminated.
     """
-    print(f"\n=== {name}: {shlex.join(command)}", flush=True)
-    start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they come, also when the run is cut short
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    last_lines: list[str] = []
+    entries: list[dict] = [{} for _ in stage]
+    procs, readers, printing = [], [], threading.Lock()
     try:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            last_lines = (last_lines + [line.rstrip()])[-5:]
-        exit_status = proc.wait()
+        for (name, command), entry in zip(stage, entries):
+            print(f"\n=== {name}: {shlex.join(command)}", flush=True)
+            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)  # fmt: skip
+            procs.append(proc)
+            prefix = f"[{name}] " if len(stage) > 1 else ""
+            reader = threading.Thread(target=_pass_through, args=(name, command, proc, prefix, printing, entry, scratch))
+            reader.start()
+            readers.append(reader)
+        for reader in readers:
+            while reader.is_alive():  # join in slices: a SIGTERM must reach the handler in main
+                reader.join(timeout=0.5)
     except BaseException:  # Ctrl-C, SIGTERM (see main): no step may outlive the driver
-        _end_group(proc)
+        for proc in procs:
+            _end_group(proc)
         raise
+    return entries
+
+
+def _pass_through(name, command, proc, prefix, printing, entry, scratch) -> None:
+    """Copy one step's lines to stdout until it exits, then fill ``entry`` (its part of the record)."""
+    start, last_lines = time.perf_counter(), []
+    for line in proc.stdout:
+        with printing:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
+        last_lines = (last_lines + [line.rstrip()])[-5:]
+    exit_status = proc.wait()
     seconds = time.perf_counter() - start
-    entry = {"step": name, "command": shlex.join(command), "seconds": round(seconds, 1), "exit": exit_status}
+    entry.update(step=name, command=shlex.join(command), seconds=round(seconds, 1), exit=exit_status)
     if name == "faults":
         totals = next((re.fullmatch(r"(\d+) caught, (\d+) survived", l) for l in reversed(last_lines)), None)
         entry["faults"] = {"caught": int(totals[1]), "survived": int(totals[2])} if totals else None
     else:
         entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
-    print(f"=== {name}: exit {exit_status} in {seconds:.0f} s", flush=True)
-    return entry
+    with printing:
+        print(f"=== {name}: exit {exit_status} in {seconds:.0f} s", flush=True)
 
 
 def _end_group(proc: subprocess.Popen) -> None:
@@ -118,7 +140,7 @@ def _end_group(proc: subprocess.Popen) -> None:
 
 
 def _terminated(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through _run_step, which ends the step's processes
+    raise SystemExit(128 + signum)  # unwinds through _run_stage, which ends the steps' processes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        steps = [_run_step(name, command, Path(tmp)) for name, command in _steps(device, Path(tmp), pytest_args)]
+        steps = [entry for stage in _stages(device, Path(tmp), pytest_args) for entry in _run_stage(stage, Path(tmp))]
     record = {
         "commit": source_commit(ROOT),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

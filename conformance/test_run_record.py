@@ -38,12 +38,12 @@ def test_the_record_holds_every_steps_exit_status_and_counts_and_a_red_step_does
 ):
     (tmp_path / "test_three.py").write_text(TESTS)
 
-    def steps(device, scratch, pytest_args):
+    def stages(device, scratch, pytest_args):
         pytest_run = [sys.executable, "-m", "pytest", str(tmp_path / "test_three.py"), "-q", "-p", "no:cacheprovider",
                       "--rootdir", str(tmp_path), f"--junitxml={scratch / 'suite.xml'}", *pytest_args]  # fmt: skip
-        return [("suite", pytest_run), ("faults", [sys.executable, "-c", "print('5 caught, 1 survived')"])]
+        return [[("suite", pytest_run)], [("faults", [sys.executable, "-c", "print('5 caught, 1 survived')"])]]
 
-    monkeypatch.setattr(run_record, "_steps", steps)
+    monkeypatch.setattr(run_record, "_stages", stages)
     monkeypatch.setenv("REFERENCE_COMMIT", "abc123")
     record_path = tmp_path / "record.json"
     assert run_record.main(["--record", str(record_path), "--", "-p", "no:randomly"]) == 1
@@ -57,6 +57,35 @@ def test_the_record_holds_every_steps_exit_status_and_counts_and_a_red_step_does
     assert record["commit"] == "abc123"
     out = capsys.readouterr().out
     assert "=== suite: exit 1 in" in out and "=== faults: exit 0 in" in out and "total" in out
+
+
+# each step of one stage waits for the other's file, so they pass only when run at once
+WAITS_FOR = """
+import pathlib, sys, time
+mine, theirs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+mine.touch()
+deadline = time.monotonic() + 20
+while not theirs.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("5 caught, 0 survived" if theirs.exists() else "alone")
+sys.exit(0 if theirs.exists() else 1)
+"""
+
+
+def test_the_steps_of_one_stage_run_at_once_each_line_named_and_each_timed(tmp_path, monkeypatch, capsys):
+    """faults and perf run side by side on the GPU: a driver that ran them one after the other would fail."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setattr(run_record, "_stages", lambda device, scratch, args: [[
+        ("faults", [sys.executable, "-c", WAITS_FOR, str(a), str(b)]),
+        ("perf", [sys.executable, "-c", WAITS_FOR, str(b), str(a)]),
+    ]])  # fmt: skip
+    assert run_record.main(["--record", str(tmp_path / "record.json")]) == 0
+    faults, perf = json.loads((tmp_path / "record.json").read_text())["steps"]
+    assert (faults["step"], faults["exit"], faults["faults"]) == ("faults", 0, {"caught": 5, "survived": 0})
+    assert (perf["step"], perf["exit"]) == ("perf", 0) and perf["seconds"] >= 0
+    out = capsys.readouterr().out.splitlines()
+    assert "[faults] 5 caught, 0 survived" in out and "[perf] 5 caught, 0 survived" in out
+    assert sum(line.startswith(("=== faults: exit 0 in", "=== perf: exit 0 in")) for line in out) == 2
 
 
 def test_a_record_in_a_missing_folder_is_refused_before_anything_runs(tmp_path, capsys):
@@ -80,7 +109,7 @@ def test_a_record_path_that_cannot_take_the_record_is_refused_before_anything_ru
 def test_asked_for_cuda_without_one_it_stops_before_any_step(monkeypatch, tmp_path, capsys):
     """tox -e gpu on a machine without a GPU must stop at once, not run the CPU fault catalogue first."""
     monkeypatch.setenv("REFERENCE_REQUIRE_CUDA", "1")
-    monkeypatch.setattr(run_record, "_run_step", lambda *args: pytest.fail("a step ran"))
+    monkeypatch.setattr(run_record, "_run_stage", lambda *args: pytest.fail("a step ran"))
     with pytest.raises(SystemExit) as exit_info:
         run_record.main(["--record", str(tmp_path / "record.json")])
     assert exit_info.value.code == 2
@@ -91,7 +120,7 @@ DRIVER_WITH_A_LONG_STEP = """
 import sys
 from conformance import run_record
 child = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
-run_record._steps = lambda device, scratch, args: [("faults", [sys.executable, "-c", child])]
+run_record._stages = lambda device, scratch, args: [[("faults", [sys.executable, "-c", child])]]
 run_record.main(["--record", sys.argv[1]])
 """
 
