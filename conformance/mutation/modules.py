@@ -92,6 +92,12 @@ MODULES: dict[str, Module] = {
             "conformance/test_generate_batching.py",
         ),
     ),
+    "parallel": Module(
+        # the layers' collectives run on threads of one process (SimulatedGroup): torchrun's processes, where
+        # conformance/test_tensor_parallel.py runs whole models, are invisible to the tool
+        sources=("reference/parallel/*.py",),
+        tests=("conformance/test_parallel_layers.py",),
+    ),
     "models.checkpoint": Module(
         sources=("reference/models/loader.py", "reference/models/safetensors_files.py"),
         tests=(
