@@ -98,6 +98,18 @@ MODULES: dict[str, Module] = {
         sources=("reference/parallel/*.py",),
         tests=("conformance/test_parallel_layers.py",),
     ),
+    "engine.runner": Module(
+        # the step's host side and the offline engine; the CUDA-only parts (graph dispatch on the device, the
+        # device-fed decode loop's stream work) are reached on a CPU only through their CPU fallbacks
+        sources=("reference/engine/runner.py", "reference/engine/llm.py"),
+        tests=(
+            "conformance/test_runner.py",
+            "conformance/test_llm.py",
+            "conformance/test_generate_batching.py",
+            "conformance/test_engine_arguments.py",
+            "conformance/test_requests.py",
+        ),
+    ),
     "models.checkpoint": Module(
         sources=("reference/models/loader.py", "reference/models/safetensors_files.py"),
         tests=(
