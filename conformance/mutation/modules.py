@@ -105,6 +105,9 @@ MODULES: dict[str, Module] = {
         tests=(
             "conformance/test_runner.py",
             "conformance/test_llm.py",
+            "conformance/test_llm_construction.py",
+            "conformance/test_runner_construction.py",
+            "conformance/test_full_graphs.py",
             "conformance/test_generate_batching.py",
             "conformance/test_engine_arguments.py",
             "conformance/test_requests.py",

@@ -1,0 +1,200 @@
+"""What ``LLM(...)`` does before it generates: its argument checks, its defaults, what it hands the memory
+check, the runner and the weights, and the start-up progress it shows; then the progress ``generate`` shows
+and ``min_tokens`` on the token a prefill samples (on a CPU, eager: seconds each)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+from reference.engine import LLM, SamplingParams
+from reference.engine import llm as llm_module
+from reference.models import registry
+from reference.ops import CustomOpSelection
+
+pytestmark = [pytest.mark.requires("components"), pytest.mark.eager]  # enforce_eager, but where a test says
+
+TINY = "llama-tiny"
+
+
+def _llm(model: str = TINY, **kwargs) -> LLM:
+    return LLM(model, **{"device": "cpu", "enforce_eager": True, "use_tqdm": False, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"model": 123}, "model: expected a preset name or a checkpoint directory (a string), got 123"),
+        ({"model": ""}, "model: expected a preset name or a checkpoint directory (a string), got ''"),
+        ({"skip_tokenizer_init": True, "tokenizer": "fixtures/tiny-llama"},
+         "tokenizer and skip_tokenizer_init=True contradict: give one"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
+         "max_num_batched_tokens (3) must be >= max_num_seqs (4): a decode step feeds one token per sequence"),
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
+    ],
+    ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "fewer-tokens-than-seqs", "tp-size"],
+)  # fmt: skip
+def test_a_bad_argument_is_one_line_naming_it(args, message):
+    args = {"model": TINY, **args}
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        _llm(args.pop("model"), **args)
+    assert "\n" not in str(err.value)
+
+
+def test_a_step_budget_of_exactly_one_token_per_sequence_is_enough():
+    assert _llm(max_num_seqs=4, max_num_batched_tokens=4).runner.max_num_tokens == 4
+
+
+def test_the_defaults_are_eight_sequences_and_seed_0_weights():
+    llm = _llm()
+    assert llm.runner.max_num_seqs == 8 and llm.seed == 0
+    seeded = registry.build_model(TINY, CustomOpSelection(llm.config), dtype=llm.dtype, device="cpu", seed=0)
+    for (name, mine), theirs in zip(llm.model.state_dict().items(), seeded.state_dict().values()):
+        assert torch.equal(mine, theirs), name
+
+
+def test_dtype_auto_reads_the_checkpoints_dtype():
+    assert _llm("fixtures/tiny-llama").dtype == torch.bfloat16  # its config.json says bfloat16; a CPU's own is fp32
+
+
+def test_skip_tokenizer_init_loads_none_even_where_the_checkpoint_has_one():
+    assert _llm("fixtures/tiny-llama").tokenizer is not None
+    assert _llm("fixtures/tiny-llama", skip_tokenizer_init=True).tokenizer is None
+
+
+def test_eos_comes_from_the_model_config_and_the_tokenizer():
+    tokenizer_eos = _llm("fixtures/tiny-llama").tokenizer.eos_token_id
+    assert _llm("fixtures/tiny-llama").requests.eos_token_ids == {2, tokenizer_eos}  # config.json: 2
+    assert _llm("fixtures/tiny-llama", skip_tokenizer_init=True).requests.eos_token_ids == {2}
+
+
+def test_the_memory_check_sees_the_step_budget_and_the_weights_it_will_allocate(monkeypatch):
+    seen = []
+    monkeypatch.setattr(llm_module, "check_memory_before_build", lambda model, ops, **kwargs: seen.append(kwargs))
+    first = _llm(max_num_seqs=2, max_model_len=16)
+    _llm(max_num_seqs=2, max_model_len=16, max_num_batched_tokens=5, share_weights_with=first)
+    assert seen[0]["max_num_tokens"] == 2 * 16 and seen[1]["max_num_tokens"] == 5  # default: every row full
+    assert (seen[0]["max_num_seqs"], seen[0]["max_model_len"], seen[0]["device"]) == (2, 16, torch.device("cpu"))
+    assert seen[0]["dtype"] == torch.float32 and seen[0]["tensor_parallel"].size == 1
+    assert (seen[0]["weights_in_memory"], seen[1]["weights_in_memory"]) == (False, True)  # shared: none new
+
+
+def test_shared_weights_are_the_same_tensors():
+    first = _llm()
+    second = _llm(share_weights_with=first)
+    for (name, mine), theirs in zip(second.model.state_dict().items(), first.model.state_dict().values()):
+        assert mine.data_ptr() == theirs.data_ptr(), name
+
+
+def test_a_compile_fn_compiles_the_model_in_place_of_the_pipeline():
+    calls = []
+
+    def compile_fn(model, config):
+        calls.append(config.level)
+        return model.forward
+
+    llm = _llm(enforce_eager=False, compilation_config={"level": 3}, compile_fn=compile_fn)
+    assert calls == [3] and llm.runner.compiled.__self__ is llm.model
+
+
+def test_load_s_is_the_time_the_weights_took():
+    start = time.perf_counter()
+    llm = _llm()
+    assert 0 <= llm.load_s <= time.perf_counter() - start
+    assert llm.startup.compile_s >= 0
+
+
+class _Bar:
+    """tqdm, recorded: its arguments, its updates and its descriptions."""
+
+    made: list["_Bar"] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.total, self.n, self.descriptions = kwargs, kwargs.get("total"), 0, [kwargs.get("desc")]
+        _Bar.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_description_str(self, text: str) -> None:
+        self.descriptions.append(text)
+
+
+@pytest.mark.parametrize("use_tqdm, disable", [(True, None), (False, True)])
+def test_the_start_up_bar_names_each_stage_and_ends_ready(use_tqdm, disable, monkeypatch):
+    """``disable=None``: tqdm shows the bar on a terminal and not in a log; ``use_tqdm=False`` never."""
+    _Bar.made = []
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
+    _llm(use_tqdm=use_tqdm)
+    (bar,) = _Bar.made
+    assert bar.kwargs == {"total": 2, "desc": f"{TINY}: load weights", "disable": disable,
+                          "bar_format": "{desc} [{elapsed}]"}  # fmt: skip
+    assert bar.descriptions == [f"{TINY}: load weights", f"{TINY}: compile", f"{TINY}: ready"]
+    assert bar.n == bar.total  # a CPU captures nothing: weights, compile
+
+
+def test_with_cuda_graphs_the_bar_counts_a_stage_per_capture_size(monkeypatch):
+    """On a CPU nothing is captured; the bar's arithmetic is checked with the runner's sizes as CUDA has them."""
+    _Bar.made = []
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
+    original = llm_module.ModelRunner
+
+    class Captures(original):
+        use_cuda_graphs = property(lambda self: True, lambda self, value: None)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.piecewise_warm_up_sizes, self.full_sizes = (4, 2), (1,)
+
+        def warm_up(self, progress=None):
+            for stage in ("compile", "capture 4", "capture 2", "capture full 1"):
+                progress(stage)
+            return "stats"
+
+    monkeypatch.setattr(llm_module, "ModelRunner", Captures)
+    llm = _llm(enforce_eager=False, compilation_config={"level": 0})
+    (bar,) = _Bar.made
+    assert llm.startup == "stats" and bar.total == 2 + 2 + 1 and bar.n == bar.total
+    assert bar.descriptions[-1] == f"{TINY}: ready"
+
+
+@pytest.mark.parametrize("use_tqdm, disable", [(True, None), (False, True)])
+def test_generate_counts_prompts_done_wave_by_wave(use_tqdm, disable, monkeypatch):
+    llm = _llm(max_num_seqs=2)
+    _Bar.made = []
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
+    updates = []
+    monkeypatch.setattr(_Bar, "update", lambda self, n=1: updates.append(n), raising=True)
+    monkeypatch.setattr(_Bar, "close", lambda self: updates.append("closed"), raising=False)
+    llm.generate([[1, 2]] * 5, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=use_tqdm)
+    (bar,) = _Bar.made
+    assert bar.kwargs == {"total": 5, "desc": "Processed prompts", "disable": disable}
+    assert updates == [2, 2, 1, "closed"]  # waves of max_num_seqs = 2
+
+
+def test_generate_shows_its_bar_unless_told_not_to(monkeypatch):
+    llm = _llm()
+    _Bar.made = []
+    monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
+    monkeypatch.setattr(_Bar, "close", lambda self: None, raising=False)
+    llm.generate([[1, 2]], SamplingParams(max_tokens=1))
+    assert _Bar.made[0].kwargs["disable"] is None  # vLLM's default: a bar, on a terminal
+
+
+def test_min_tokens_1_bans_a_stop_token_from_the_token_the_prefill_samples():
+    llm = _llm()
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    first = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=1, **greedy), use_tqdm=False)[0].outputs[0].token_ids
+    params = SamplingParams(max_tokens=3, stop_token_ids=first, min_tokens=1, **greedy)
+    tokens = llm.generate([[3, 4, 5]], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert tokens[0] != first[0]  # the prefill's token is the first generated: count 0 < min_tokens

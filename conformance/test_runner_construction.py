@@ -1,0 +1,94 @@
+"""What ``ModelRunner(...)`` decides before its first step: the step budget it accepts, the capture sizes it
+keeps, warns about or refuses, and which sizes its warm-up captures (the reference's own runner, on a CPU,
+where the decisions are made as on CUDA; nothing is captured)."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+import pytest
+
+from conformance.helpers import build_llama, small_llama_config
+from reference.config import ConfigError, mode_config
+from reference.engine import ModelRunner
+
+pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor]
+
+HF = small_llama_config()
+
+
+def _runner(capture_sizes, *, max_num_seqs=4, max_model_len=16, max_num_batched_tokens=None, mode="no_inductor",
+            **overrides) -> ModelRunner:  # fmt: skip
+    config = mode_config(mode, cudagraph_capture_sizes=capture_sizes, **overrides)
+    return ModelRunner(build_llama(HF, config), config, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                       max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
+
+
+def test_a_step_budget_as_large_as_the_kv_cache_is_accepted_and_one_more_token_refused():
+    assert _runner([1, 2], max_num_batched_tokens=4 * 16).max_num_tokens == 64
+    message = (
+        "max_num_batched_tokens (65) exceeds max_num_seqs x max_model_len (4 x 16 = 64): no step can hold more "
+        "tokens than the KV cache; lower it or raise the others"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        _runner([1, 2], max_num_batched_tokens=65)
+
+
+def test_capture_sizes_above_the_step_budget_are_left_out_with_a_warning_naming_them():
+    with pytest.warns(RuntimeWarning) as caught:
+        runner = _runner([1, 2, 4, 8, 16], max_num_batched_tokens=8)
+    assert runner.capture_sizes == (1, 2, 4, 8)  # a budget-sized step is still captured
+    (warning,) = caught
+    assert str(warning.message) == (
+        "1 capture sizes exceed max_num_batched_tokens (8) and are not captured (no step has that many tokens): [16]"
+    )
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampoline adds a frame between caller and runner
+        assert warning.filename == __file__  # stacklevel: the line that built the runner
+
+
+@pytest.mark.parametrize("count, shown", [(8, "[9, 10, 11, 12, 13, 14, 15, 16]"),
+                                          (9, "[9, 10, 11, 12, 13, 14, 15, 16]...")])  # fmt: skip
+def test_the_warning_lists_at_most_eight_left_out_sizes(count, shown):
+    with pytest.warns(RuntimeWarning) as caught:
+        _runner([1, 2, *range(9, 9 + count)], max_num_batched_tokens=8, max_model_len=64)
+    assert str(caught[0].message).endswith(f"(no step has that many tokens): {shown}")
+
+
+@pytest.mark.parametrize("count, shown", [(8, "[9, 10, 11, 12, 13, 14, 15, 16]"),
+                                          (9, "[9, 10, 11, 12, 13, 14, 15, 16]...")])  # fmt: skip
+def test_sizes_that_all_exceed_the_step_budget_are_refused_listing_at_most_eight(count, shown):
+    message = (
+        f"cudagraph_capture_sizes {shown} all exceed max_num_batched_tokens (8): no step could use a graph; "
+        "lower the sizes or raise the limit"
+    )
+    with warnings.catch_warnings(), pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        warnings.simplefilter("ignore")
+        _runner(list(range(9, 9 + count)), max_num_batched_tokens=8, max_model_len=64)
+
+
+@pytest.mark.no_inductor_full
+def test_full_graphs_take_the_sizes_a_decode_step_can_have_and_warm_up_leaves_size_1_to_them():
+    runner = _runner([1, 2, 4, 8], max_num_seqs=4, mode="no_inductor_full")
+    assert runner.full_sizes == (1, 2, 4)  # at most max_num_seqs tokens, 4 included
+    assert runner.piecewise_warm_up_sizes == (2, 4, 8)  # 1 token is always a uniform decode: a full graph's
+    assert not runner.use_cuda_graphs  # a CPU captures nothing
+    piecewise_only = _runner([1, 2, 4, 8], max_num_seqs=4)
+    assert piecewise_only.full_sizes == () and piecewise_only.piecewise_warm_up_sizes == (1, 2, 4, 8)
+
+
+@pytest.mark.no_inductor_full
+def test_full_graphs_take_no_size_above_the_step_budget():
+    runner = _runner([1, 2, 4], max_num_seqs=4, max_num_batched_tokens=2, mode="no_inductor_full")
+    assert runner.full_sizes == (1, 2)
+
+
+@pytest.mark.no_inductor_full
+def test_full_graphs_without_a_decode_size_are_refused():
+    message = (
+        "cudagraph_mode='full_and_piecewise': no capture size fits a decode step (at most max_num_seqs=4 tokens), "
+        "so no full graph could be used; add smaller sizes"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        _runner([8, 16], max_num_seqs=4, mode="no_inductor_full")
