@@ -79,64 +79,86 @@ def _run_stage(stage: list[tuple[str, list[str]]], scratch: Path) -> list[dict]:
     """Run a stage's steps at once, their output passed through (each line prefixed with its step's name when
     there are several); returns their entries of the record, in the stage's order.
 
-    Each step runs in a process group of its own, which is ended whole (its xdist workers, torchrun's
-    processes) if the driver is interrupted or terminated.
+    Each step runs in a process group of its own; if the driver is interrupted or terminated, every group
+    is ended whole (its xdist workers, torchrun's processes). A step that cannot start (its program is
+    missing) is an entry with exit status 127 and the reason, and the other steps run on.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines as they come, also when the run is cut short
-    entries: list[dict] = [{} for _ in stage]
+    entries: list[dict] = [{"step": name, "command": shlex.join(command)} for name, command in stage]
     procs, readers, printing = [], [], threading.Lock()
     try:
         for (name, command), entry in zip(stage, entries):
-            print(f"\n=== {name}: {shlex.join(command)}", flush=True)
-            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)  # fmt: skip
+            with printing:
+                print(f"\n=== {name}: {entry['command']}", flush=True)
+            try:
+                proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, errors="backslashreplace", start_new_session=True)  # fmt: skip
+            except OSError as err:
+                entry.update(seconds=0.0, exit=127, error=f"cannot start: {err.strerror or err}")
+                with printing:
+                    print(f"=== {name}: cannot start ({err.strerror or err}), exit 127", flush=True)
+                continue
             procs.append(proc)
             prefix = f"[{name}] " if len(stage) > 1 else ""
-            reader = threading.Thread(target=_pass_through, args=(name, command, proc, prefix, printing, entry, scratch))
+            reader = threading.Thread(target=_pass_through, args=(proc, prefix, printing, entry, scratch))
             reader.start()
             readers.append(reader)
         for reader in readers:
             while reader.is_alive():  # join in slices: a SIGTERM must reach the handler in main
                 reader.join(timeout=0.5)
     except BaseException:  # Ctrl-C, SIGTERM (see main): no step may outlive the driver
-        for proc in procs:
-            _end_group(proc)
+        _end_groups(procs)
         raise
     return entries
 
 
-def _pass_through(name, command, proc, prefix, printing, entry, scratch) -> None:
-    """Copy one step's lines to stdout until it exits, then fill ``entry`` (its part of the record)."""
-    start, last_lines = time.perf_counter(), []
-    for line in proc.stdout:
-        with printing:
-            sys.stdout.write(prefix + line)
-            sys.stdout.flush()
-        last_lines = (last_lines + [line.rstrip()])[-5:]
-    exit_status = proc.wait()
-    seconds = time.perf_counter() - start
-    entry.update(step=name, command=shlex.join(command), seconds=round(seconds, 1), exit=exit_status)
-    if name == "faults":
-        totals = next((re.fullmatch(r"(\d+) caught, (\d+) survived", l) for l in reversed(last_lines)), None)
-        entry["faults"] = {"caught": int(totals[1]), "survived": int(totals[2])} if totals else None
-    else:
-        entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
+def _pass_through(proc: subprocess.Popen, prefix: str, printing: threading.Lock, entry: dict, scratch: Path) -> None:
+    """Copy one step's lines to stdout until it exits, then fill in ``entry`` (its part of the record): its
+    seconds and exit status always, its counts when they can be read (else ``error`` says why)."""
+    name, start, last_lines = entry["step"], time.perf_counter(), []
+    try:
+        for line in proc.stdout:  # read to the end whatever happens to our stdout, or the step would block on it
+            try:
+                with printing:
+                    sys.stdout.write(prefix + line)
+                    sys.stdout.flush()
+            except OSError:
+                pass
+            last_lines = (last_lines + [line.rstrip()])[-5:]
+    finally:
+        exit_status = proc.wait()
+        seconds = time.perf_counter() - start
+        entry.update(seconds=round(seconds, 1), exit=exit_status)
+    try:
+        if name == "faults":
+            totals = next((re.fullmatch(r"(\d+) caught, (\d+) survived", l) for l in reversed(last_lines)), None)
+            entry["faults"] = {"caught": int(totals[1]), "survived": int(totals[2])} if totals else None
+        else:
+            entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
+    except (OSError, ElementTree.ParseError) as err:
+        entry["error"] = f"cannot read its counts: {err}"
     with printing:
         print(f"=== {name}: exit {exit_status} in {seconds:.0f} s", flush=True)
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the step's process group, SIGKILL to what is left of it after 10 s."""
+def _end_groups(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to every step's process group at once, SIGKILL to what is left of them 10 s later; further
+    SIGINT / SIGTERM are ignored meanwhile, so a second Ctrl-C cannot cut the clean-up short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        alive = [proc for proc in procs if proc.poll() is None]
+        for proc in alive:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        for proc in alive:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _terminated(signum, frame):
@@ -178,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "steps": steps,
         "total_seconds": round(time.perf_counter() - start, 1),
-        "ok": all(step["exit"] == 0 for step in steps),
+        "ok": all(step["exit"] == 0 and "error" not in step for step in steps),
     }
     print("\n=== summary")  # printed before the record is written, so a failed write loses neither
     for step in steps:
         counts = step.get("tests") or step.get("faults") or {}
-        print(f"{step['step']:>14}: exit {step['exit']}, {step['seconds']:6.1f} s, "
-              + ", ".join(f"{v} {k}" for k, v in counts.items()))  # fmt: skip
+        details = [f"{v} {k}" for k, v in counts.items()] + ([step["error"]] if "error" in step else [])
+        print(f"{step['step']:>14}: exit {step['exit']}, {step['seconds']:6.1f} s, " + ", ".join(details))
     print(f"{'total':>14}: {record['total_seconds']:.1f} s, {'ok' if record['ok'] else 'FAILED'}", flush=True)
     try:
         write_whole(record_path, json.dumps(record, indent=2) + "\n")

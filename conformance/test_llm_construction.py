@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from reference.ops import CustomOpSelection
 pytestmark = [pytest.mark.requires("components"), pytest.mark.eager]  # enforce_eager, but where a test says
 
 TINY = "llama-tiny"
+CHECKPOINT = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama")  # config.json: bfloat16, EOS 2
 
 
 def _llm(model: str = TINY, **kwargs) -> LLM:
@@ -29,7 +31,7 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
     [
         ({"model": 123}, "model: expected a preset name or a checkpoint directory (a string), got 123"),
         ({"model": ""}, "model: expected a preset name or a checkpoint directory (a string), got ''"),
-        ({"skip_tokenizer_init": True, "tokenizer": "fixtures/tiny-llama"},
+        ({"skip_tokenizer_init": True, "tokenizer": CHECKPOINT},
          "tokenizer and skip_tokenizer_init=True contradict: give one"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
@@ -58,18 +60,18 @@ def test_the_defaults_are_eight_sequences_and_seed_0_weights():
 
 
 def test_dtype_auto_reads_the_checkpoints_dtype():
-    assert _llm("fixtures/tiny-llama").dtype == torch.bfloat16  # its config.json says bfloat16; a CPU's own is fp32
+    assert _llm(CHECKPOINT).dtype == torch.bfloat16  # its config.json says bfloat16; a CPU's own is fp32
 
 
 def test_skip_tokenizer_init_loads_none_even_where_the_checkpoint_has_one():
-    assert _llm("fixtures/tiny-llama").tokenizer is not None
-    assert _llm("fixtures/tiny-llama", skip_tokenizer_init=True).tokenizer is None
+    assert _llm(CHECKPOINT).tokenizer is not None
+    assert _llm(CHECKPOINT, skip_tokenizer_init=True).tokenizer is None
 
 
 def test_eos_comes_from_the_model_config_and_the_tokenizer():
-    tokenizer_eos = _llm("fixtures/tiny-llama").tokenizer.eos_token_id
-    assert _llm("fixtures/tiny-llama").requests.eos_token_ids == {2, tokenizer_eos}  # config.json: 2
-    assert _llm("fixtures/tiny-llama", skip_tokenizer_init=True).requests.eos_token_ids == {2}
+    tokenizer_eos = _llm(CHECKPOINT).tokenizer.eos_token_id
+    assert _llm(CHECKPOINT).requests.eos_token_ids == {2, tokenizer_eos}  # config.json: 2
+    assert _llm(CHECKPOINT, skip_tokenizer_init=True).requests.eos_token_ids == {2}
 
 
 def test_the_memory_check_sees_the_step_budget_and_the_weights_it_will_allocate(monkeypatch):

@@ -104,7 +104,7 @@ def test_a_fused_column_parallel_linear_holds_its_share_of_every_part_and_gather
     expected = full(x).detach()  # [3, 32]
 
     def build(tp):
-        layers = ColumnParallelLinear(12, parts, bias=True), ColumnParallelLinear(12, parts, bias=True, gather_output=True)
+        layers = [ColumnParallelLinear(12, parts, bias=True, gather_output=gather) for gather in (False, True)]
         for layer in layers:
             copy_full_into(layer.weight, full.weight)
             copy_full_into(layer.bias, full.bias)
@@ -187,7 +187,7 @@ def test_in_one_process_every_layer_is_the_plain_layer_and_calls_no_collective(m
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: ColumnParallelLinear(4, [6, 3], bias=False), "tensor_parallel_size=2 must divide the output width (3)"),
+        (lambda: ColumnParallelLinear(4, [6, 3], False), "tensor_parallel_size=2 must divide the output width (3)"),
         (lambda: RowParallelLinear(5, 4, bias=False), "tensor_parallel_size=2 must divide the input width (5)"),
         (lambda: VocabParallelEmbedding(7, 4), "tensor_parallel_size=2 must divide the vocabulary (7)"),
     ],
@@ -332,12 +332,13 @@ class _Distributed:
         monkeypatch.setattr(torch.cuda, "set_device", self.devices.append)
         monkeypatch.setenv("WORLD_SIZE", "2")
         monkeypatch.setenv("LOCAL_RANK", "1")
+        for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):  # set by the call: undone after
+            monkeypatch.setenv(name, "unset")
+            monkeypatch.delenv(name)
 
 
 def test_on_cuda_a_rank_binds_its_local_gpu_and_joins_nccl_with_multicast_off(monkeypatch):
     distributed = _Distributed(monkeypatch, initialized=False)
-    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
-        monkeypatch.delenv(name, raising=False)
     tp, device = parallel.init_tensor_parallel(2, torch.device("cuda"))
     assert tp == TensorParallel(1, 2, "world-7") and device == torch.device("cuda", 1)
     assert distributed.devices == [device] and distributed.joined == [("nccl", device)]

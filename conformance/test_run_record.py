@@ -82,10 +82,42 @@ def test_the_steps_of_one_stage_run_at_once_each_line_named_and_each_timed(tmp_p
     assert run_record.main(["--record", str(tmp_path / "record.json")]) == 0
     faults, perf = json.loads((tmp_path / "record.json").read_text())["steps"]
     assert (faults["step"], faults["exit"], faults["faults"]) == ("faults", 0, {"caught": 5, "survived": 0})
-    assert (perf["step"], perf["exit"]) == ("perf", 0) and perf["seconds"] >= 0
+    assert (perf["step"], perf["exit"]) == ("perf", 0) and perf["seconds"] < 20  # 20 s: how long each waits
     out = capsys.readouterr().out.splitlines()
     assert "[faults] 5 caught, 0 survived" in out and "[perf] 5 caught, 0 survived" in out
     assert sum(line.startswith(("=== faults: exit 0 in", "=== perf: exit 0 in")) for line in out) == 2
+
+
+def test_a_step_that_cannot_start_or_prints_bytes_that_are_not_utf8_costs_neither_the_others_nor_the_record(
+    tmp_path, monkeypatch, capsys
+):
+    """A GPU run is too dear to lose to one step: a missing program is exit 127, stray bytes are escaped."""
+    (tmp_path / "test_one.py").write_text("def test_passes():\n    pass\n")
+    latin1 = "import sys; sys.stdout.buffer.write(b'caf\\xe9\\n'); print('5 caught, 0 survived')"
+    monkeypatch.setattr(run_record, "_stages", lambda device, scratch, args: [
+        [("faults", [sys.executable, "-c", latin1]), ("perf", [str(tmp_path / "no-such-program")])],
+        [("suite", [sys.executable, "-m", "pytest", str(tmp_path / "test_one.py"), "-q", "-p", "no:cacheprovider",
+                    "--rootdir", str(tmp_path), f"--junitxml={scratch / 'suite.xml'}"])],
+    ])  # fmt: skip
+    assert run_record.main(["--record", str(tmp_path / "record.json")]) == 1
+    faults, perf, suite = json.loads((tmp_path / "record.json").read_text())["steps"]
+    assert faults["exit"] == 0 and faults["faults"] == {"caught": 5, "survived": 0}
+    assert perf["exit"] == 127 and perf["error"].startswith("cannot start: ")
+    assert suite["exit"] == 0 and suite["tests"]["passed"] == 1  # the next stage ran
+    out = capsys.readouterr().out
+    assert "[faults] caf\\xe9" in out and "=== perf: cannot start (" in out
+
+
+def test_counts_that_cannot_be_read_make_the_run_red_and_say_why(tmp_path, monkeypatch, capsys):
+    def stages(device, scratch, args):
+        broken = f"open({str(scratch / 'perf.xml')!r}, 'w').write('<testsuites><testsuite')"
+        return [[("perf", [sys.executable, "-c", broken])]]
+
+    monkeypatch.setattr(run_record, "_stages", stages)
+    assert run_record.main(["--record", str(tmp_path / "record.json")]) == 1
+    (perf,) = json.loads((tmp_path / "record.json").read_text())["steps"]
+    assert perf["exit"] == 0 and perf["error"].startswith("cannot read its counts: ")
+    assert "cannot read its counts" in capsys.readouterr().out
 
 
 def test_a_record_in_a_missing_folder_is_refused_before_anything_runs(tmp_path, capsys):
@@ -116,11 +148,14 @@ def test_asked_for_cuda_without_one_it_stops_before_any_step(monkeypatch, tmp_pa
     assert "REFERENCE_REQUIRE_CUDA=1 but torch" in capsys.readouterr().err
 
 
-DRIVER_WITH_A_LONG_STEP = """
+# two steps side by side, each starting a grandchild, printing its pid and ignoring SIGTERM
+DRIVER_WITH_LONG_STEPS = """
 import sys
 from conformance import run_record
 child = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
-run_record._stages = lambda device, scratch, args: [[("faults", [sys.executable, "-c", child])]]
+stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + child
+run_record._stages = lambda device, scratch, args: [[("faults", [sys.executable, "-c", stubborn]),
+                                                     ("perf", [sys.executable, "-c", stubborn])]]
 run_record.main(["--record", sys.argv[1]])
 """
 
@@ -128,23 +163,30 @@ run_record.main(["--record", sys.argv[1]])
 @pytest.mark.slow
 def test_a_terminated_run_ends_its_steps_processes(tmp_path):
     """A driver killed by its process id (a tox interrupt, a CI timeout) left pytest, its xdist workers and
-    torchrun running on the GPU."""
+    torchrun running on the GPU. With two steps at once that ignore SIGTERM, both groups are signalled
+    together and killed after one grace."""
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER_WITH_A_LONG_STEP, str(tmp_path / "record.json")],
+        [sys.executable, "-c", DRIVER_WITH_LONG_STEPS, str(tmp_path / "record.json")],
         cwd=run_record.ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    grandchild = None
-    for line in driver.stdout:  # the step's first line is the sleeping grandchild's pid
-        if line.strip().isdigit():
-            grandchild = int(line)
-            break
+    grandchildren = []
+    for line in driver.stdout:  # each step's first line is its sleeping grandchild's pid
+        pid = line.rpartition("] ")[2].strip()
+        if pid.isdigit():
+            grandchildren.append(int(pid))
+            if len(grandchildren) == 2:
+                break
+    start = time.monotonic()
     driver.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    driver.send_signal(signal.SIGTERM)  # a second one must not cut the clean-up short
     driver.wait(timeout=30)
     assert driver.returncode != 0
     deadline = time.monotonic() + 15
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in grandchildren) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(grandchild), f"the step's process {grandchild} outlived the driver"
+    assert not [pid for pid in grandchildren if _alive(pid)], "a step's process outlived the driver"
+    assert time.monotonic() - start < 14  # both groups SIGTERM at once, SIGKILL 10 s later (one by one: 20 s)
 
 
 def _alive(pid: int) -> bool:
