@@ -13,6 +13,7 @@ import pytest
 from conformance.helpers import build_llama, small_llama_config
 from reference.config import ConfigError, mode_config
 from reference.engine import ModelRunner
+from reference.engine.runner import memory_needed
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor]
 
@@ -93,3 +94,33 @@ def test_full_graphs_without_a_decode_size_are_refused():
     )
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         _runner([8, 16], max_num_seqs=4, mode="no_inductor_full")
+
+
+@pytest.mark.parametrize("budget, slots", [(1, 3), (2, 3), (20, 21)])
+def test_each_input_buffer_is_one_slot_longer_than_any_step_and_holds_the_two_token_trace(budget, slots):
+    """No step's inputs may be a view as long as its buffer (Dynamo's duck sizing would tie their sizes)."""
+    runner = _runner([1], max_num_seqs=1, max_model_len=32, max_num_batched_tokens=budget)
+    assert runner.input_ids.shape == runner.positions.shape == (slots,)
+
+
+def test_the_memory_a_runner_needs_is_its_kv_cache_and_its_two_input_buffers():
+    runner = _runner([1, 2], max_num_seqs=2, max_model_len=16, max_num_batched_tokens=8)
+    kv = sum(layer.kv_cache.numel() * layer.kv_cache.element_size() for layer in runner.attention_layers.values())
+    assert kv > 0  # allocated in the model's dtype, as the estimate must count it
+    assert memory_needed(runner.model, 2, 16, 8) == kv + 2 * 9 * 8  # int64 ids and positions, 8 + 1 slots
+
+
+@pytest.mark.no_inductor_full
+def test_dispatch_at_the_edges_of_the_full_and_piecewise_sizes():
+    runner = _runner([1, 2, 4, 8], max_num_seqs=4, mode="no_inductor_full")
+    cases = {
+        (4, True): ("FULL", 4, True),  # the largest full size itself
+        (3, True): ("FULL", 4, True),
+        (4, False): ("PIECEWISE", 4, False),  # a prefill of a decode size
+        (8, False): ("PIECEWISE", 8, False),  # the largest capture size itself
+        (9, False): ("NONE", 9, False),
+    }
+    for (tokens, uniform), (mode, size, descriptor_uniform) in cases.items():
+        dispatch = runner.dispatch(tokens, uniform)
+        assert dispatch.num_tokens == tokens and dispatch.runtime_mode == mode, (tokens, uniform, dispatch)
+        assert (dispatch.descriptor.num_tokens, dispatch.descriptor.uniform_decode) == (size, descriptor_uniform)
