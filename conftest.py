@@ -6,6 +6,10 @@ mistake, a hidden device) would otherwise skip every gpu test and still pass.
 
 ``REFERENCE_ALLOW_EMPTY_SELECTION=1`` (also set by ``tox -e gpu``, which runs the suite in two selections:
 the device-memory tests apart) lets a run that selects no test pass, so a ``-k`` given to both may empty one.
+
+The compile cache is off for every test (``REFERENCE_DISABLE_COMPILE_CACHE=1``, inherited by the processes
+tests start): a test's counters and timings must be its own start's, not an entry another test or an
+earlier run left. conformance/test_compile_cache.py turns it on, each test in a folder of its own.
 """
 
 import logging
@@ -16,6 +20,7 @@ import torch
 
 from conformance import cores
 
+os.environ["REFERENCE_DISABLE_COMPILE_CACHE"] = "1"
 cores.refuse_bad_counts("pytest")  # before anything imports Inductor; a conftest cannot raise UsageError yet
 from conformance.report import IMPLEMENTATION, ConformanceReport
 from conformance.selection import load_implementation

@@ -5,8 +5,9 @@
 Per mode: a cold start (its compiler-cache folder emptied), then a warm start (the cache the cold one filled),
 each split into import, weights, compile (trace, split, pieces), capture and first step; ``ready`` is compile
 + capture, the mode's own share (:mod:`reference.benchmark.startup` says what each phase holds). The caches
-are torch's (Inductor's FX-graph and AOTAutograd caches, Triton's kernels): the project keeps none of its own
-yet, so a warm ``no_inductor`` or ``breakable`` start repeats its trace and split. Each LLM-like runner gets
+are the project's compile cache (levels 2-3: a warm start neither traces nor compiles) and torch's
+(Inductor's FX-graph and AOTAutograd caches, Triton's kernels); ``eager`` and ``breakable`` trace nothing,
+so only Triton's kernels can make their warm start faster. Each LLM-like runner gets
 ``max_num_seqs = --batch-size`` and a step budget of ``--batch-size x --input-len`` tokens, so its capture sizes
 are ``bench_latency``'s.
 
@@ -101,10 +102,12 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table, seconds with 2 decimals."""
-    head = ["mode", "start", *(c.removesuffix("_s") for c in COLUMNS), "inductor cache hits / misses"]
+    head = ["mode", "start", *(c.removesuffix("_s") for c in COLUMNS)]
+    head += ["compile cache hit", "inductor cache hits / misses"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["mode"], row["start"], *(f"{row[c]:.2f}" for c in COLUMNS)]
+        cells.append("yes" if row.get("compile_cache_hits") else "no")
         cells.append(f"{row['inductor_cache_hits']} / {row['inductor_cache_misses']}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -115,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
 
     The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
-    "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "dtype" (the one used)}], "env": {"cpu",
-    "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}, "stopped"
+    "compile_cache_hits", "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "dtype" (the one
+    used)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
+    "command"}, "stopped"
     (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
     finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start) or 130.
     """

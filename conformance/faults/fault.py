@@ -26,6 +26,7 @@ KINDS = {
     "sampling": "the sampler or the request's generator",
     "engine": "the engine's scheduling of requests: rows, contexts, stopping",
     "parallel": "tensor parallelism: how weights are sharded and the collectives that join the shards",
+    "cache": "the compile cache: the factors of its key, and how its entries are written and read",
 }
 
 

@@ -64,6 +64,10 @@ MODULES: dict[str, Module] = {
             "conformance/test_custom_ops.py",
         ),
     ),
+    "compilation.cache": Module(
+        sources=("reference/compilation/compile_cache.py",),
+        tests=("conformance/test_compile_cache.py",),
+    ),
     "config": Module(
         sources=("reference/config/*.py",),
         tests=("conformance/test_config.py", "conformance/test_config_rules.py"),

@@ -10,12 +10,13 @@ A start is everything between ``python`` and the first answered request, split i
 * ``first_step_s``: one prefill of the batch's prompts and one decode step after that, synchronised.
 
 ``ready_s = compile_s + capture_s``: what the mode adds to a start, weights excluded (the figure vLLM's
-issue 22 targets use). A *cold* start has an empty compiler cache, a *warm* one the cache the cold start
-filled: torch's own caches, kept in ``CACHE_DIR/MODE`` (``TORCHINDUCTOR_CACHE_DIR``: Inductor's FX-graph and
-AOTAutograd caches; ``TRITON_CACHE_DIR``: compiled Triton kernels; ``TMPDIR``: Inductor's C++ precompiled
-header, which it keeps outside its cache folder). The project has no cache of its own
-yet: Dynamo's trace and the split run again on every start. ``inductor_cache_hits`` / ``_misses`` (Inductor's
-``fxgraph_cache_hit`` / ``_miss`` counters) say what the cache served.
+issue 22 targets use). A *cold* start has empty compiler caches, a *warm* one the caches the cold start
+filled, all kept in ``CACHE_DIR/MODE``: the project's compile cache (``REFERENCE_COMPILE_CACHE``: the split
+graph and Inductor's pieces, so a warm level-3 start neither traces nor compiles), Inductor's own
+(``TORCHINDUCTOR_CACHE_DIR``: FX-graph and AOTAutograd caches), Triton's compiled kernels
+(``TRITON_CACHE_DIR``) and the temporary folder (``TMPDIR``: Inductor's C++ precompiled header, kept outside
+its cache folder). ``compile_cache_hits`` (the project's) and ``inductor_cache_hits`` / ``_misses``
+(Inductor's ``fxgraph_cache_hit`` / ``_miss``) say what the caches served.
 
 The parent (:func:`measure_mode`) runs ``python -m reference.benchmark.startup SPEC`` twice per mode and reads
 the child's last line, ``STARTUP {json}``.
@@ -43,10 +44,13 @@ class StartupError(RuntimeError):
 
 
 def cache_environment(cache_dir: Path, mode: str) -> dict[str, str]:
-    """The environment variables that put torch's compiler caches in ``cache_dir/mode``: Inductor's, Triton's,
-    and the temporary folder, where Inductor keeps its C++ precompiled header (outside its own cache folder)."""
+    """The environment variables that put every compiler cache in ``cache_dir/mode`` (the project's compile
+    cache, on even where the caller turned it off; Inductor's; Triton's) and the temporary folder there, where
+    Inductor keeps its C++ precompiled header (outside its own cache folder)."""
     root = Path(cache_dir) / mode
     return {
+        "REFERENCE_COMPILE_CACHE": str(root / "reference"),
+        "REFERENCE_DISABLE_COMPILE_CACHE": "0",
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         "TRITON_CACHE_DIR": str(root / "triton"),
         "TMPDIR": str(root / "tmp"),
@@ -63,7 +67,7 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
 
     Returns:
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
-        (seconds), ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``.
+        (seconds), ``compile_cache_hits``, ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``.
 
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
@@ -95,6 +99,7 @@ def _child(spec: dict) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
+    from reference.compilation import compilation_counter
     from reference.config import MODES
     from reference.engine.arguments import engine_config, resolve_device, resolve_dtype
     from reference.engine.memory_check import check_memory_before_build
@@ -131,6 +136,7 @@ def _child(spec: dict) -> dict:
     return {
         **times,
         "ready_s": times["compile_s"] + times["capture_s"],
+        "compile_cache_hits": compilation_counter.num_cache_hits,
         "inductor_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
         "inductor_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "capture_sizes": list(stats.capture_sizes),

@@ -19,7 +19,8 @@ import torch
 from reference.compilation.compile_piece import compile_piece, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
-from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
+from reference.compilation.compile_cache import CacheWriter, Entry
+from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph, split_pieces
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
@@ -101,6 +102,18 @@ def _check_no_unsafe_op_captured(piece: Piece) -> None:
             )
 
 
+def _loaded_piece(artifact: Callable | None, module: torch.fx.GraphModule) -> Callable:
+    """A compile-cache entry's piece: its FX code (``artifact`` None), or Inductor's loaded artifact. A loaded
+    artifact returns a list even where the piece returns one tensor (torch 2.11-2.13 do not restore the
+    output's structure on load; a fresh artifact does), so such a piece's list is unwrapped."""
+    if artifact is None:
+        return module
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    if isinstance(output.args[0], torch.fx.Node):
+        return lambda *args: artifact(*args)[0]
+    return artifact
+
+
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
@@ -138,9 +151,10 @@ class PiecewiseBackend:
         self.config = config
         self.stale_outputs = stale_outputs
         self.pieces: list[Piece] = []
+        self.cache_writer: CacheWriter | None = None  # set by CompiledModel before a trace it will cache
         self._traced = False
 
-    def __call__(self, gm: torch.fx.GraphModule, _example_inputs) -> torch.fx.GraphModule:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
         if self._traced and self.config.level >= 2:
             raise RuntimeError(
                 "this model was traced a second time, but levels 2 and 3 trace once (the token dimension is "
@@ -151,8 +165,6 @@ class PiecewiseBackend:
         compilation_counter.num_graphs_seen += 1
         splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
         split, pieces = split_graph(gm, splitting_ops)
-        compilation_counter.num_piecewise_graphs_seen += len(pieces)
-        use_graphs = self.config.piecewise_graphs and _on_cuda(gm)
         if splitting_ops != () and not any(p.is_splitting_op for p in pieces):
             named = "ops tagged cudagraph_unsafe" if splitting_ops is None else list(splitting_ops)
             warnings.warn(
@@ -162,25 +174,67 @@ class PiecewiseBackend:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        size_args = {p.name: _size_args(p) for p in pieces if not p.is_splitting_op}
+        if self.cache_writer is not None:  # before the pieces are installed into `split`
+            self.cache_writer.traced(gm, example_inputs, split, size_args)
+        self._check_pieces(pieces)
+        compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
+        if self.cache_writer is not None:
+            self.cache_writer.compiled(compiled)
+        self._install(split, pieces, size_args, compiled, _on_cuda(gm))
+        return split
+
+    def load(self, entry: Entry, on_cuda: bool) -> torch.fx.GraphModule:
+        """The split module of a compile-cache entry, its pieces installed as a trace would have: Inductor's
+        pieces from the entry's artifacts, the others as the stored FX code. Dynamo never sees the model.
+
+        Raises:
+            ConfigError: as for a trace, for a splitting op that a captured piece cannot hold.
+        """
+        self._traced = True
+        splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
+        pieces = split_pieces(entry.split, splitting_ops)
+        self._check_pieces(pieces)
+        compiled = {
+            p.name: _loaded_piece(entry.artifacts.get(p.name), p.module) for p in pieces if not p.is_splitting_op
+        }
+        self._install(entry.split, pieces, entry.size_args, compiled, on_cuda)
+        return entry.split
+
+    def _check_pieces(self, pieces: list[Piece]) -> None:
+        """With piecewise graphs asked for (on any device), every splitting op writes into buffers and no
+        piece to be captured calls an op tagged cudagraph_unsafe; counts the pieces."""
+        compilation_counter.num_piecewise_graphs_seen += len(pieces)
+        for piece in pieces:
+            if not piece.is_splitting_op:
+                compilation_counter.num_piecewise_capturable_graphs_seen += 1
+            if self.config.piecewise_graphs:
+                (_check_writes_into_buffers if piece.is_splitting_op else _check_no_unsafe_op_captured)(piece)
+
+    def _install(
+        self,
+        split: torch.fx.GraphModule,
+        pieces: list[Piece],
+        size_args: dict[str, tuple[int, ...]],
+        compiled: dict[str, Callable],
+        on_cuda: bool,
+    ) -> None:
+        """Put each piece's runnable into ``split``: splitting ops called directly where they can be, compiled
+        pieces (``compiled``: piece name -> callable) wrapped in CUDA graphs when the config asks and the
+        model is on CUDA."""
+        use_graphs = self.config.piecewise_graphs and on_cuda
         graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
         capture_stream = torch.cuda.Stream() if use_graphs else None
         for piece in pieces:
             if piece.is_splitting_op:
-                if self.config.piecewise_graphs:  # on any device: the config asks for graphs
-                    _check_writes_into_buffers(piece)
-                direct = _direct_splitting_call(piece)
-                if direct is not None:
-                    split.__dict__[piece.name] = direct
-                continue
-            if self.config.piecewise_graphs:  # on any device: the config asks for graphs
-                _check_no_unsafe_op_captured(piece)
-            compilation_counter.num_piecewise_capturable_graphs_seen += 1
-            runnable = compile_piece(piece.module, self.config)
-            if use_graphs:
+                runnable = _direct_splitting_call(piece)
+                if runnable is None:
+                    continue
+            elif use_graphs:
                 runnable = CUDAGraphPiece(
                     name=piece.name,
-                    runnable=runnable,
-                    size_args=_size_args(piece),
+                    runnable=compiled[piece.name],
+                    size_args=size_args[piece.name],
                     capture_sizes=self.config.cudagraph_capture_sizes,
                     num_warmups=self.config.cudagraph_num_of_warmups,
                     pool=graph_pool,
@@ -188,7 +242,8 @@ class PiecewiseBackend:
                     debug_addresses=self.config.debug_cudagraph_addresses,
                     stale_outputs=self.stale_outputs,
                 )
+            else:
+                runnable = compiled[piece.name]
             # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
             split.__dict__[piece.name] = runnable
         self.pieces = pieces
-        return split

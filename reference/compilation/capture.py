@@ -12,6 +12,9 @@ the model returns tensors whose first dimension is T as well.
   model whose code and parameters do not change after the first call; we re-check the one thing a
   caller can plausibly get wrong, the arguments' dtype, device and non-token dimensions, on every call.
 
+Levels 2 and 3 keep what the first call traced and compiled in the compile cache (:mod:`.compile_cache`),
+looked up at the first call: a hit runs the stored split graph directly, without Dynamo.
+
 With full graphs (``cudagraph_mode`` ``'full_decode_only'`` or ``'full_and_piecewise'``) the result is
 wrapped once more, at any level, in :class:`.full_graph.FullCUDAGraphs`.
 """
@@ -27,6 +30,15 @@ from torch import nn
 
 from reference.compilation.backend import PiecewiseBackend, check_splitting_ops_exist
 from reference.compilation.breakable import BreakableCUDAGraphs
+from reference.compilation.compile_cache import (
+    CacheWriter,
+    bound_call,
+    cache_factors,
+    cache_folder,
+    cache_key,
+    read_entry,
+)
+from reference.compilation.counters import compilation_counter
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.compilation.stale_outputs import StaleOutputGuard
 from reference.config import CompilationConfig, ConfigError
@@ -82,6 +94,8 @@ class CompiledModel:
         guard = StaleOutputGuard() if config.debug_cudagraph_outputs else None
         self.backend = PiecewiseBackend(config, guard) if config.level > 0 else None
         self.breakable: BreakableCUDAGraphs | None = None
+        self._model = model
+        self._cache_writer: CacheWriter | None = None
         self._signature = None
         self._called = False
         if config.breakable:
@@ -101,13 +115,14 @@ class CompiledModel:
         elif config.level == 1:
             self._forward = torch.compile(_own_forward(model), backend=self.backend, fullgraph=True)
         else:
-            self._forward = torch.compile(
+            self._compiled = torch.compile(
                 _own_forward(model),
                 backend=self.backend,
                 fullgraph=True,
                 dynamic=False,  # only the dims we mark are dynamic
                 options={"guard_filter_fn": lambda guards: [False] * len(guards)},
             )
+            self._forward = self._call_traced  # the compile cache may swap what it calls at the first call
         self.full_graphs: FullCUDAGraphs | None = None
         if config.full_graphs:
             self.full_graphs = FullCUDAGraphs(
@@ -116,6 +131,33 @@ class CompiledModel:
             self._forward = self.full_graphs
         if guard is not None:  # each call of the model is a new call to the guard; nothing to do when off
             self._forward = _counting_calls(self._forward, guard)
+
+    def _call_traced(self, *args):
+        """Levels 2-3: Dynamo's compiled forward, or, after a compile-cache hit, the cached split module."""
+        if self._cache_writer is None:
+            return self._compiled(*args)
+        output = self._compiled(*args)  # the tracing call
+        writer, self._cache_writer, self.backend.cache_writer = self._cache_writer, None, None
+        writer.finish(output)
+        return output
+
+    def _use_compile_cache(self, args) -> None:
+        """At the first call (levels 2-3): serve the model from its compile-cache entry, or have the trace write
+        one (:mod:`.compile_cache`)."""
+        folder = cache_folder(self.config)
+        if folder is None:
+            return
+        factors = cache_factors(self._model, self.config, args)
+        key = cache_key(factors)
+        entry = read_entry(folder, key, factors)
+        if entry is None:
+            compilation_counter.num_cache_misses += 1
+            self._cache_writer = self.backend.cache_writer = CacheWriter(folder, key, factors, self._model, args)
+            return
+        compilation_counter.num_cache_hits += 1
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        split = self.backend.load(entry, on_cuda)
+        self._compiled = bound_call(split, entry.bindings, entry.outputs, self._model)
 
     @property
     def awaits_trace(self) -> bool:
@@ -127,7 +169,10 @@ class CompiledModel:
             self._called = True
             self._warn_without_cuda(args)
         if self.config.level >= 2 and (self._signature is None or self.check_inputs):
+            first = self._signature is None
             self._check_or_mark_dynamic(args)
+            if first:
+                self._use_compile_cache(args)
         try:
             return self._forward(*args)
         except torch._dynamo.exc.BackendCompilerFailed as err:

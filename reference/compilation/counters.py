@@ -31,6 +31,9 @@ class CompilationCounter:
         num_cudagraph_eager_runs: calls of a CUDA-graph wrapper on CUDA that ran its code without a graph
             (warm-up runs, sizes or batch descriptors not captured); together with the two replay counts
             and the captures this accounts for every such call (reference.compilation.replays).
+        num_cache_hits: compiled models whose first call was served by the compile cache (no trace, no compile).
+        num_cache_misses: first calls that found no usable entry (none, or one refused with a warning).
+        num_cache_entries_written: entries written to the compile cache (vLLM: num_cache_entries_updated).
     """
 
     num_graphs_seen: int = 0
@@ -44,6 +47,9 @@ class CompilationCounter:
     num_cudagraph_replays: int = 0
     num_full_cudagraph_replays: int = 0
     num_cudagraph_eager_runs: int = 0
+    num_cache_hits: int = 0
+    num_cache_misses: int = 0
+    num_cache_entries_written: int = 0
 
     def snapshot(self) -> "CompilationCounter":
         return dataclasses.replace(self)

@@ -20,6 +20,7 @@ piecewise backend for splitting ops.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -115,6 +116,9 @@ class CompilationConfig:
       replays over it) raises on any access once a later call has replayed, naming the piece (or
       segments, or full graph) and the size that produced it (:mod:`reference.compilation.stale_outputs`;
       torch's graph trees do the same). Costs fresh views per replay; off, nothing runs.
+    * ``cache_dir`` ['']: the compile cache's folder (levels 2-3; :mod:`reference.compilation.compile_cache`);
+      empty: ``$REFERENCE_COMPILE_CACHE``, else ``~/.cache/piecewise-reference/torch_compile_cache``.
+      ``REFERENCE_DISABLE_COMPILE_CACHE=1`` turns the cache off. vLLM's field of the same name.
 
     Raises:
         ConfigError: a field has the wrong type or value, or two fields contradict each other.
@@ -131,6 +135,7 @@ class CompilationConfig:
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
     debug_cudagraph_addresses: bool = False
     debug_cudagraph_outputs: bool = False
+    cache_dir: str = ""
     # The dependent fields the caller set explicitly (not a constructor argument).
     _explicit: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -143,6 +148,9 @@ class CompilationConfig:
         check_type("use_inductor", self.use_inductor, bool)
         check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
         check_type("debug_cudagraph_outputs", self.debug_cudagraph_outputs, bool)
+        if isinstance(self.cache_dir, os.PathLike):
+            set_(self, "cache_dir", os.fspath(self.cache_dir))
+        check_type("cache_dir", self.cache_dir, str)
         set_(self, "custom_ops", string_tuple("custom_ops", self.custom_ops))
         _validate_custom_ops(self.custom_ops)
         if self.splitting_ops is not None:
@@ -208,6 +216,11 @@ class CompilationConfig:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
         if self.inductor_compile_config and self.level == 0:
             raise ConfigError("inductor_compile_config is set but level=0 compiles nothing; drop it or use level >= 1")
+        if self.cache_dir and self.level < 2:
+            raise ConfigError(
+                f"cache_dir is set but level={self.level}; the compile cache serves levels 2 and 3 (traced once), "
+                "level 1 uses torch's own caches; drop cache_dir or use level 2 or 3"
+            )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
                 "splitting_ops only apply at level=3 (piecewise) or to breakable graphs (level=0 with cudagraph_mode "
@@ -262,7 +275,9 @@ class CompilationConfig:
                 f"enforce_eager=True contradicts cudagraph_mode={self.cudagraph_mode!r}; "
                 "drop enforce_eager or set cudagraph_mode='none'"
             )
-        return dataclasses.replace(self, level=0, cudagraph_mode="none", splitting_ops=None, inductor_compile_config={})
+        return dataclasses.replace(
+            self, level=0, cudagraph_mode="none", splitting_ops=None, inductor_compile_config={}, cache_dir=""
+        )
 
     def describe(self) -> dict[str, Any]:
         """The resolved settings as a JSON-serialisable dict (for logs and result files)."""

@@ -1,0 +1,101 @@
+"""Faults of the compile cache: a key that misses a factor, an entry read or written as if whole when it is not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from unittest import mock
+
+from conformance.faults.fault import Fault, patches
+from reference.compilation import capture, compile_cache
+
+_real_cache_factors = compile_cache.cache_factors
+
+
+def _key_without(edit):
+    """A plant: ``cache_factors`` (as the compiled model calls it) with ``edit`` applied to its result."""
+
+    def factors(model, config, args):
+        result = _real_cache_factors(model, config, args)
+        edit(result)
+        return result
+
+    return patches(mock.patch.object(capture, "cache_factors", factors))
+
+
+def _no_dtypes(factors):
+    factors["model"]["tensors"] = [tensor[:2] for tensor in factors["model"]["tensors"]]  # names and shapes only
+
+
+def _written_in_place(folder, key, factors, files, artifacts):
+    """``write_entry`` writing each file, the manifest last, straight under the entry's name: a process that
+    starts meanwhile finds a folder with some of the files and takes it for a whole entry or a damaged one."""
+    final = folder / key
+    final.mkdir(parents=True, exist_ok=True)
+    (final / compile_cache._FACTORS).write_text(json.dumps(factors, indent=1, sort_keys=True) + "\n")
+    for name, data in files.items():
+        (final / name).write_bytes(data)
+    for name, artifact in artifacts.items():
+        artifact.save(path=str(final / f"{name}.bin"))
+    manifest = {f.name: [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()] for f in final.iterdir()}
+    (final / compile_cache._MANIFEST).write_text(json.dumps(manifest))
+    return True
+
+
+FAULTS = [
+    Fault(
+        id="cache-key-ignores-dtype",
+        kind="cache",
+        description="the compile cache's key leaves out the parameters' dtype, so a bf16 model is served the "
+        "float32 model's graphs and kernels",
+        plant=_key_without(_no_dtypes),
+        tests="test_a_changed_factor_misses and dtype",
+    ),
+    Fault(
+        id="cache-key-ignores-custom-ops",
+        kind="cache",
+        description="the compile cache's key leaves out the custom-op choice, so a model built with native norms "
+        "is served the graph of one built with the custom ones",
+        plant=_key_without(lambda f: [f["compilation"].pop("custom_ops"), f["model"].pop("modules")]),
+        tests="test_a_changed_factor_misses and custom_ops",
+    ),
+    Fault(
+        id="cache-key-ignores-capture-sizes",
+        kind="cache",
+        description="the compile cache's key leaves out the capture sizes",
+        plant=_key_without(lambda f: f["compilation"].pop("cudagraph_capture_sizes")),
+        tests="test_a_changed_factor_misses and capture_sizes",
+    ),
+    Fault(
+        id="cache-key-ignores-splitting-ops",
+        kind="cache",
+        description="the compile cache's key leaves out the splitting ops, so a graph split elsewhere is served",
+        plant=_key_without(lambda f: f["compilation"].pop("splitting_ops")),
+        tests="test_a_changed_factor_misses and splitting_ops",
+    ),
+    Fault(
+        id="cache-serves-entries-of-old-code",
+        kind="cache",
+        description="the compile cache's key leaves out the source files, so after an edit of the model's code "
+        "the graph traced from the old code is served",
+        plant=_key_without(lambda f: f.pop("source")),
+        tests="test_the_key_follows_the_source",
+        bug="vLLM #24915",
+    ),
+    Fault(
+        id="cache-manifest-not-checked",
+        kind="cache",
+        description="the compile cache reads an entry without checking its files against the manifest, so a torn "
+        "or mixed entry whose files still parse is served as whole",
+        plant=patches(mock.patch.object(compile_cache, "_check_manifest", lambda path: None)),
+        tests="test_an_unusable_entry_warns_once and file_of_another_entry",
+    ),
+    Fault(
+        id="cache-entry-written-in-place",
+        kind="cache",
+        description="the compile cache writes an entry's files under the entry's own name, not a temporary one "
+        "renamed when whole, so a process starting meanwhile reads part of an entry as the entry",
+        plant=patches(mock.patch.object(compile_cache, "write_entry", _written_in_place)),
+        tests="test_an_entry_is_written_under_a_temporary_name",
+    ),
+]

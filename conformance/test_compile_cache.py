@@ -1,0 +1,249 @@
+"""The compile cache (``CompilationConfig.cache_dir``): warm starts, keys, damaged entries, concurrent starts.
+
+A *start* here is a new model built with the same seeded weights and compiled in this process: it has
+never been traced, so to it the cache is as warm as after a process restart (the Dynamo-free path is the
+same; a fresh process is tested too, with two started at once). Counters say what a start did: a hit
+traces nothing and compiles nothing. The suite runs with the cache off (the root conftest); these tests
+turn it on with a folder of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from conformance.driver import prefill_and_decode
+from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
+from reference.compilation import compile_cache, compilation_counter, expect_counters
+from reference.config import CompilationConfig, ConfigError
+
+pytestmark = pytest.mark.requires("compile_cache", "counters")
+PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79]]
+SIZES = {"max_num_seqs": 2, "max_model_len": 16, "max_cudagraph_capture_size": 16}
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path) -> Path:
+    """The cache turned on, in a folder of the test's own (the default folder is never touched)."""
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "0")
+    monkeypatch.setenv(compile_cache.FOLDER_ENV, str(tmp_path / "default-folder-unused"))
+    return tmp_path / "cache"
+
+
+def start(impl, mode, cache, *, device="cpu", dtype=torch.float32, hf=None, **overrides):
+    """A start: a fresh model (seed 0) and runner, warmed up; its prefill + 3 decode steps' logits."""
+    settings = {**SIZES, **overrides}
+    hf = hf or small_llama_config()
+    runner = make_runner(impl, mode, hf, device=device, dtype=dtype, cache_dir=str(cache), **settings)
+    runner.warm_up()
+    return prefill_and_decode({"run": runner}, PROMPTS, num_decode=3, leader="run")["run"]
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if not p.name.startswith(".")) if cache.exists() else []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["no_inductor", "inductor", "no_inductor_full"])
+def test_a_warm_start_traces_and_compiles_nothing_and_gives_bitwise_the_cold_starts_logits(mode, device, cache, impl):
+    """Bitwise, not close: a warm start runs the very code the cold one compiled (the FX pieces, Inductor's
+    kernels), on the same weights and inputs, so any difference is a wrong entry, not rounding."""
+    with expect_counters(num_cache_misses=1, num_cache_hits=0, num_graphs_seen=1, num_cache_entries_written=1):
+        cold = start(impl, mode, cache, device=device)
+    with expect_counters(num_cache_misses=0, num_cache_hits=1, num_graphs_seen=0, num_backend_compilations=0):
+        warm = start(impl, mode, cache, device=device)
+    assert len(entries(cache)) == 1
+    for step, (c, w) in enumerate(zip(cold, warm)):
+        assert torch.equal(c, w), f"step {step}: warm differs from cold by up to {(c - w).abs().max():.3g}"
+
+
+# factor -> (the first start's overrides, the second's): each pair differs in that factor only
+FACTORS = {
+    "dtype": ({}, {"dtype": torch.bfloat16}),
+    "custom_ops": ({"custom_ops": ["all"]}, {"custom_ops": ["all", "-rms_norm"]}),
+    "capture_sizes": ({}, {"max_cudagraph_capture_size": 8}),
+    "splitting_ops": ({}, {"splitting_ops": ["reference::attention"]}),
+    "level": ({}, {"level": 2, "cudagraph_mode": "none"}),
+    "model_config": ({}, {"hf": small_llama_config(rms_norm_eps=1e-3)}),
+}
+
+
+@pytest.mark.no_inductor
+@pytest.mark.parametrize("factor", FACTORS)
+def test_a_changed_factor_misses(factor, cache, impl):
+    """The model config case changes only a constant of the graph (RMSNorm's epsilon): the weights, their
+    shapes and every compilation field stay, so only a key that holds the model's config can tell."""
+    first, second = FACTORS[factor]
+    start(impl, "no_inductor", cache, **first)
+    with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
+        start(impl, "no_inductor", cache, **{**first, **second})
+    assert len(entries(cache)) == 2
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_the_key_follows_the_source_so_an_edited_file_misses(cache, impl, tmp_path, monkeypatch):
+    """An entry made before a source file changed must not be served after: the key hashes the package's
+    files (here a copy of them, one file edited between the starts)."""
+    package = tmp_path / "reference"
+    shutil.copytree(compile_cache._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(compile_cache, "_PACKAGE", package)
+    start(impl, "no_inductor", cache)
+    with expect_counters(num_cache_hits=1):
+        start(impl, "no_inductor", cache)
+    with open(package / "models" / "llama.py", "a") as file:
+        file.write("# edited\n")
+    with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
+        start(impl, "no_inductor", cache)
+
+
+def _damage(entry: Path, other: Path, how: str) -> None:
+    if how == "truncated":
+        data = (entry / "graph.pkl").read_bytes()
+        (entry / "graph.pkl").write_bytes(data[: len(data) // 2])
+    elif how == "file_of_another_entry":  # a valid pickle, but the other config's graph
+        shutil.copy(other / "graph.pkl", entry / "graph.pkl")
+    elif how == "no_manifest":
+        (entry / "manifest.json").unlink()
+    elif how == "foreign":  # a whole entry of another config under this key
+        shutil.rmtree(entry)
+        shutil.copytree(other, entry)
+    elif how == "garbage_metadata":
+        (entry / "entry.json").write_text("{not json")
+
+
+@pytest.mark.no_inductor
+@pytest.mark.parametrize("how", ["truncated", "file_of_another_entry", "no_manifest", "foreign", "garbage_metadata"])
+def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, impl):
+    """The other entry is the same model with native custom ops: its graph takes the same inputs, so
+    served in this entry's place it would run, and give other (if close) logits, without a word."""
+    cold = start(impl, "no_inductor", cache)
+    (entry,) = entries(cache)
+    start(impl, "no_inductor", cache, custom_ops=["none"])
+    (other,) = [e for e in entries(cache) if e != entry]
+    _damage(entry, other, how)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
+            again = start(impl, "no_inductor", cache)
+    said = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(said) == 1 and "unusable" in said[0] and "\n" not in said[0], said
+    assert all(torch.equal(a, b) for a, b in zip(cold, again))
+    with expect_counters(num_cache_hits=1):  # replaced by a whole entry
+        start(impl, "no_inductor", cache)
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_an_entry_is_written_under_a_temporary_name_and_renamed_into_place(cache, impl, monkeypatch):
+    """A reader must never see part of an entry under its key: every file is written in a temporary sibling
+    folder, which one rename makes the entry."""
+    written, renamed = [], []
+    real_write, real_rename = Path.write_bytes, os.rename
+    monkeypatch.setattr(Path, "write_bytes", lambda self, data: written.append(self) or real_write(self, data))
+    monkeypatch.setattr(os, "rename", lambda a, b: renamed.append((Path(a), Path(b))) or real_rename(a, b))
+    start(impl, "no_inductor", cache)
+    (entry,) = entries(cache)
+    assert written and not [p for p in written if entry in p.parents]
+    ((temporary, final),) = renamed
+    assert (temporary.parent, final) == (cache, entry) and temporary.name.startswith(".tmp-")
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]
+
+
+CHILD = """
+import sys, torch
+from conformance.driver import prefill_and_decode
+from conformance.helpers import make_runner, small_llama_config
+from conformance.implementation import ReferenceImplementation
+runner = make_runner(ReferenceImplementation(), "no_inductor", small_llama_config(), cache_dir=sys.argv[1],
+                     max_num_seqs=2, max_model_len=16, max_cudagraph_capture_size=16)
+logits = prefill_and_decode({"r": runner}, [[3, 14, 15, 92, 65], [35, 89, 79]], num_decode=3, leader="r")["r"]
+print("LOGITS", torch.stack(logits).sum().item())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl):
+    env = {**os.environ, compile_cache.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
+    children = [
+        subprocess.Popen([sys.executable, "-c", CHILD, str(cache)], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [child.communicate(timeout=300)[0] for child in children]
+    assert [child.returncode for child in children] == [0, 0]
+    sums = {line for out in outputs for line in out.splitlines() if line.startswith("LOGITS")}
+    assert len(sums) == 1, sums
+    assert len(entries(cache)) == 1 and not [p for p in cache.iterdir() if p.name.startswith(".")]
+    with expect_counters(num_cache_hits=1):
+        start(impl, "no_inductor", cache)
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_factors_json_says_what_the_key_hashes(cache, impl):
+    start(impl, "no_inductor", cache)
+    (entry,) = entries(cache)
+    factors = json.loads((entry / "factors.json").read_text())
+    assert compile_cache.cache_key(factors) == entry.name
+    assert factors["compilation"]["custom_ops"] == ["all"] and factors["inputs"][0][0] == "torch.int64"
+    assert factors["model"]["config"]["rms_norm_eps"] == small_llama_config().rms_norm_eps
+    assert "impl=custom" in factors["model"]["modules"] and factors["environment"]["torch"] == torch.__version__
+
+
+GLOBAL_SCALE = torch.ones(64)
+
+
+class _ReadsAGlobalTensor(torch.nn.Module):
+    """Its graph takes a module-level tensor as an input: no parameter, buffer or argument."""
+
+    def forward(self, x):
+        return x * GLOBAL_SCALE
+
+
+@pytest.mark.requires("components")
+def test_a_model_whose_inputs_cannot_be_bound_runs_uncached_with_one_warning(cache, impl):
+    from reference.compilation import compile_model
+
+    config = CompilationConfig(level=2, cache_dir=str(cache), use_inductor=False)
+    compiled = compile_model(_ReadsAGlobalTensor(), config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(torch.full((3, 64), 2.0))
+    said = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(said) == 1 and "not cached" in said[0], said
+    assert torch.equal(out, torch.full((3, 64), 2.0)) and entries(cache) == []
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_the_switch_turns_the_cache_off(cache, impl, monkeypatch):
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "1")
+    with expect_counters(num_cache_hits=0, num_cache_misses=0, num_cache_entries_written=0):
+        start(impl, "no_inductor", cache)
+    assert not cache.exists()
+
+
+@pytest.mark.requires("components")
+def test_cache_settings_are_checked(monkeypatch, tmp_path):
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "0")
+    with pytest.raises(ConfigError, match=r"^cache_dir is set but level=1; .*level 2 or 3"):
+        CompilationConfig(level=1, cache_dir="x")
+    with pytest.raises(ConfigError, match=r"^cache_dir: expected str, got int 3$"):
+        CompilationConfig(cache_dir=3)
+    assert CompilationConfig(cache_dir=tmp_path).cache_dir == str(tmp_path)  # a path is a folder too
+    assert compile_cache.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path
+    monkeypatch.setenv(compile_cache.FOLDER_ENV, str(tmp_path / "env"))
+    assert compile_cache.cache_folder(CompilationConfig()) == tmp_path / "env"
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "yes")
+    with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_COMPILE_CACHE: expected '0' or '1', got 'yes'$"):
+        compile_cache.cache_folder(CompilationConfig())

@@ -1,0 +1,412 @@
+"""The compile cache: what a warm start needs to skip Dynamo's trace, the split and Inductor (levels 2-3).
+
+A compiled model's first call looks its entry up by a key: the SHA-256 of every factor that shapes the
+split graph and its compiled pieces (:func:`cache_factors`): the graph-shaping fields of the compilation
+config, the model (class, transformers config, module tree with each custom op's choice, parameter names,
+shapes and dtypes), the first call's argument signature, the source of the package and of the model's class,
+and the Python / torch / CUDA / Triton versions and the device. A hit rebuilds the split module from the
+entry and calls it directly, with no Dynamo at all: levels 2-3 drop Dynamo's guards anyway, and an entry
+records where each graph input comes from (a parameter or buffer by name, an argument, an argument's
+token count). A miss traces and compiles as usual and writes the entry once the first call has returned
+(its return value says how the graph's outputs make the model's output).
+
+An entry is a folder ``<cache folder>/<key>/``:
+
+* ``factors.json``: the key's factors, readable (``git diff --no-index`` two of them to see why one missed);
+* ``graph.pkl``: the split FX module before its pieces are compiled (its code and its pieces' code; no
+  weights: parameters are graph inputs);
+* ``entry.json``: where each graph input comes from, how the outputs make the model's, each piece's size
+  arguments, the Inductor pieces;
+* ``<piece>.bin``: a piece's Inductor artifact (``torch._inductor.CompiledArtifact``, binary format);
+* ``manifest.json``: written last, the size and SHA-256 of every other file.
+
+Writes go to a temporary folder beside the entry, renamed into place, so a reader sees a whole entry or
+none, and two processes starting at once both compile and one rename wins. A reader checks the manifest's
+sizes and hashes and that the stored factors equal its own; an entry that fails (truncated, corrupt,
+foreign, unreadable) is one warning line and a recompile, whose entry replaces it. Triton's kernels (the
+custom ops' and Inductor's) are cached by Triton itself (``TRITON_CACHE_DIR``, default ``~/.triton/cache``).
+
+Reading ``graph.pkl`` runs code, as loading any pickle does (torch's and vLLM's caches alike): the cache
+folder must be as trusted as the code.
+
+Where (:func:`cache_folder`): ``CompilationConfig.cache_dir`` when set, else ``$REFERENCE_COMPILE_CACHE``,
+else ``~/.cache/piecewise-reference/torch_compile_cache`` (vLLM: ``cache_dir``, ``$VLLM_CACHE_ROOT``).
+``REFERENCE_DISABLE_COMPILE_CACHE=1`` turns the cache off (vLLM: ``VLLM_DISABLE_COMPILE_CACHE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import pickle
+import platform
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from reference.compilation.counters import compilation_counter
+from reference.config import CompilationConfig, ConfigError
+
+FOLDER_ENV = "REFERENCE_COMPILE_CACHE"
+DISABLE_ENV = "REFERENCE_DISABLE_COMPILE_CACHE"
+# The entry layout; a change of it must miss every older entry.
+ENTRY_FORMAT = 1
+# Compilation fields that shape what an entry holds. Left out, on purpose: cudagraph_num_of_warmups and the
+# debug switches (they act around the pieces, rebuilt on every start) and cache_dir itself.
+GRAPH_FIELDS = (
+    "level",
+    "use_inductor",
+    "custom_ops",
+    "splitting_ops",
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "inductor_compile_config",
+)
+_PACKAGE = Path(__file__).resolve().parents[1]  # reference/
+_MANIFEST, _FACTORS, _GRAPH, _META = "manifest.json", "factors.json", "graph.pkl", "entry.json"
+
+
+def cache_folder(config: CompilationConfig) -> Path | None:
+    """Where entries live (module doc), or None when ``$REFERENCE_DISABLE_COMPILE_CACHE`` is ``1``.
+
+    Raises:
+        ConfigError: ``$REFERENCE_DISABLE_COMPILE_CACHE`` is set to something other than ``0`` or ``1``.
+    """
+    disable = os.environ.get(DISABLE_ENV, "0")
+    if disable not in ("0", "1"):
+        raise ConfigError(f"{DISABLE_ENV}: expected '0' or '1', got {disable!r}")
+    if disable == "1":
+        return None
+    if config.cache_dir:
+        return Path(config.cache_dir).expanduser()
+    env = os.environ.get(FOLDER_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "piecewise-reference" / "torch_compile_cache"
+
+
+def _sha256_files(paths: list[Path], root: Path) -> str:
+    """SHA-256 over each file's path relative to ``root`` and its bytes."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def source_hashes(model: nn.Module) -> dict[str, str]:
+    """SHA-256 of the package's Python sources (every file Dynamo may trace into), and of the file that
+    defines the model's class when it lies outside the package."""
+    hashes = {"reference": _sha256_files(sorted(_PACKAGE.rglob("*.py")), _PACKAGE)}
+    try:
+        model_file = Path(inspect.getsourcefile(type(model)) or "").resolve()
+    except TypeError:  # a class defined in the interpreter
+        model_file = None
+    if model_file and model_file.is_file() and _PACKAGE not in model_file.parents:
+        hashes[str(model_file)] = _sha256_files([model_file], model_file.parent)
+    return hashes
+
+
+def _environment(args) -> dict[str, Any]:
+    cuda = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if cuda is not None:
+        device = f"{torch.cuda.get_device_name(cuda)} sm_{''.join(map(str, torch.cuda.get_device_capability(cuda)))}"
+    else:
+        device = f"cpu {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "device": device,
+    }
+
+
+def _model_factors(model: nn.Module) -> dict[str, Any]:
+    config = getattr(model, "config", None)
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+    return {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "config": json.loads(config.to_json_string(use_diff=False)) if hasattr(config, "to_json_string") else None,
+        "modules": repr(model),  # each CustomOp layer says impl=custom or impl=native
+        "tensors": [[name, list(t.shape), str(t.dtype)] for name, t in tensors],
+        "rank_of_world": list(world),
+    }
+
+
+def cache_factors(model: nn.Module, config: CompilationConfig, args: tuple) -> dict[str, Any]:
+    """Every factor of an entry's key (module doc), JSON-serialisable; values JSON cannot hold (a callable
+    in ``inductor_compile_config``) are written as their ``repr``."""
+    compilation = {name: getattr(config, name) for name in GRAPH_FIELDS}
+    inputs = [
+        [str(a.dtype), a.device.type, list(a.shape[1:])] if isinstance(a, torch.Tensor) else type(a).__name__
+        for a in args
+    ]
+    factors = {
+        "entry_format": ENTRY_FORMAT,
+        "compilation": compilation,
+        "model": _model_factors(model),
+        "inputs": inputs,
+        "source": source_hashes(model),
+        "environment": _environment(args),
+    }
+    return json.loads(json.dumps(factors, default=repr))  # tuples as lists: equal to what factors.json reads back
+
+
+def cache_key(factors: dict[str, Any]) -> str:
+    """The entry's folder name: SHA-256 of the factors as canonical JSON, 32 hex digits."""
+    return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------------------------- the entry
+# Where a graph input comes from at a call: ("tensor", attribute path), ("arg", index) or ("size", arg index,
+# dim): the token count of an argument, which Dynamo passes as a SymInt input.
+Binding = tuple
+
+
+def bind_inputs(gm: torch.fx.GraphModule, example_inputs, model: nn.Module, args: tuple) -> list[Binding] | str:
+    """Where each of Dynamo's graph inputs comes from, found by identity: ``example_inputs`` are the very
+    parameters, buffers and argument tensors of the traced call, and a SymInt input is the size of an
+    argument whose recorded shape holds the same symbol.
+
+    Returns:
+        One binding per graph input, or a one-line reason why some input cannot be bound (then nothing is
+        cached: a warm start could not feed the graph).
+    """
+    tensors = {id(t): name for name, t in model.named_parameters(remove_duplicate=False)}
+    tensors.update({id(t): name for name, t in model.named_buffers(remove_duplicate=False)})
+    arg_index = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sizes = {}  # symbol -> (arg index, dim), from the argument placeholders' recorded shapes
+    for node, value in zip(placeholders, example_inputs):
+        fake = node.meta.get("example_value")
+        if id(value) in arg_index and isinstance(fake, torch.Tensor):
+            for dim, size in enumerate(fake.shape):
+                if isinstance(size, torch.SymInt):
+                    sizes.setdefault(str(size.node.expr), (arg_index[id(value)], dim))
+    bindings: list[Binding] = []
+    for node, value in zip(placeholders, example_inputs):
+        fake = node.meta.get("example_value")
+        if id(value) in arg_index:
+            bindings.append(("arg", arg_index[id(value)]))
+        elif id(value) in tensors:
+            bindings.append(("tensor", tensors[id(value)]))
+        elif isinstance(fake, torch.SymInt) and str(fake.node.expr) in sizes:
+            bindings.append(("size", *sizes[str(fake.node.expr)]))
+        else:
+            return f"graph input {node.name!r} is neither a parameter, a buffer, an argument nor an argument's size"
+    return bindings
+
+
+def output_spec(graph_outputs, output) -> Binding | str:
+    """How the model's return value is made of the graph's outputs: ``("one", i)`` or ``("tuple", [i, ...])``;
+    else a one-line reason."""
+    index = {id(t): i for i, t in enumerate(graph_outputs)}
+    if id(output) in index:
+        return ("one", index[id(output)])
+    if isinstance(output, tuple) and output and all(id(t) in index for t in output):
+        return ("tuple", [index[id(t)] for t in output])
+    return f"the model returned {type(output).__name__}, not graph outputs (a tensor or a tuple of them)"
+
+
+def bound_call(split: Callable, bindings: list[Binding], outputs: Binding, model: nn.Module) -> Callable:
+    """``split`` called with its inputs gathered per ``bindings`` from ``model`` and a call's arguments,
+    returning the model's output per ``outputs``: the warm start's forward, with no Dynamo.
+
+    Raises:
+        KeyError: a bound parameter or buffer name the model does not have (a mismatched model).
+    """
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    template = [named[b[1]] if b[0] == "tensor" else None for b in bindings]
+    per_call = [(i, b) for i, b in enumerate(bindings) if b[0] != "tensor"]
+    kind, which = outputs
+
+    def call(*args):
+        inputs = list(template)
+        for i, b in per_call:
+            inputs[i] = args[b[1]] if b[0] == "arg" else args[b[1]].shape[b[2]]
+        result = split(*inputs)
+        return result[which] if kind == "one" else tuple(result[i] for i in which)
+
+    return call
+
+
+@dataclass
+class Entry:
+    """What an entry holds, as read.
+
+    Attributes:
+        split: the split FX module, its pieces as FX modules (nothing compiled or installed yet).
+        bindings: one :data:`Binding` per input of ``split``.
+        outputs: the output spec (:func:`output_spec`).
+        size_args: piece name -> indices of its token-count arguments (compiled pieces only).
+        artifacts: piece name -> Inductor's compiled piece (Inductor pieces only).
+    """
+
+    split: torch.fx.GraphModule
+    bindings: list[Binding]
+    outputs: Binding
+    size_args: dict[str, tuple[int, ...]]
+    artifacts: dict[str, Any] = field(default_factory=dict)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"compile cache: {message}", RuntimeWarning, stacklevel=3)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
+def _check_manifest(path: Path) -> None:
+    """Every file the manifest lists has its size and SHA-256.
+
+    Raises:
+        OSError: the manifest or a file is missing. ValueError: a file differs, or the manifest is no JSON.
+    """
+    manifest = json.loads((path / _MANIFEST).read_text())
+    for name, (size, digest) in manifest.items():
+        data = (path / name).read_bytes()
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"{name} is {len(data)} bytes and its SHA-256 is not the manifest's")
+
+
+def read_entry(folder: Path, key: str, factors: dict[str, Any]) -> Entry | None:
+    """The entry ``folder/key`` if it is whole and its factors are ``factors``; else None (a missing entry
+    silently, an unusable one with one warning line naming the reason)."""
+    path = folder / key
+    if not path.exists():
+        return None
+    try:
+        _check_manifest(path)
+        if json.loads((path / _FACTORS).read_text()) != factors:
+            raise ValueError("its factors.json is not this start's (a foreign entry)")
+        meta = json.loads((path / _META).read_text())
+        split = pickle.loads((path / _GRAPH).read_bytes())
+        from torch._inductor import CompiledArtifact
+
+        artifacts = {name: CompiledArtifact.load(path=str(path / f"{name}.bin")) for name in meta["inductor_pieces"]}
+        return Entry(
+            split,
+            [tuple(b) for b in meta["bindings"]],
+            tuple(meta["outputs"]),
+            {name: tuple(args) for name, args in meta["size_args"].items()},
+            artifacts,
+        )
+    except Exception as err:  # any failure to read is the entry's, never the start's: compile again
+        _warn(f"entry {path} is unusable ({_first_line(err)}); compiling again")
+        return None
+
+
+def write_entry(folder: Path, key: str, factors: dict[str, Any], files: dict[str, bytes], artifacts: dict) -> bool:
+    """Write an entry as ``folder/key`` (module doc: a temporary folder, the manifest last, a rename).
+
+    Args:
+        files: file name -> contents (``graph.pkl``, ``entry.json``); ``factors.json`` is added.
+        artifacts: piece name -> Inductor artifact, saved as ``<name>.bin``.
+
+    Returns:
+        True if this call's entry is now in place; False if the folder could not be written (one warning
+        line) or another process's entry took the place first (ours is dropped).
+    """
+    final = folder / key
+    temporary = folder / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        temporary.mkdir(parents=True)
+        files = {_FACTORS: (json.dumps(factors, indent=1, sort_keys=True) + "\n").encode(), **files}
+        for name, data in files.items():
+            (temporary / name).write_bytes(data)
+        for name, artifact in artifacts.items():
+            artifact.save(path=str(temporary / f"{name}.bin"))
+        manifest = {}
+        for file in sorted(temporary.iterdir()):
+            data = file.read_bytes()
+            manifest[file.name] = [len(data), hashlib.sha256(data).hexdigest()]
+        (temporary / _MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if final.exists():  # the entry read_entry refused: set it aside, then take its place
+            trash = folder / f".old-{key}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(temporary, final)
+        return True
+    except OSError as err:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if not (final / _MANIFEST).exists():  # else another process renamed its entry into place first
+            _warn(f"could not write {final} ({_first_line(err)}); this start is not cached")
+        return False
+
+
+class CacheWriter:
+    """Collects a cold start's entry while the backend traces and compiles; writes it when the first call
+    has returned (:meth:`finish`). Every step that finds the model uncachable says why in one warning line
+    and writes nothing.
+
+    Args:
+        folder, key, factors: where the entry goes and what it is keyed on (:func:`cache_factors`).
+        model, args: the model and the arguments of the traced call (to bind the graph's inputs).
+    """
+
+    def __init__(self, folder: Path, key: str, factors: dict[str, Any], model: nn.Module, args: tuple):
+        self.folder, self.key, self.factors = folder, key, factors
+        self._model, self._args = model, args
+        self._files: dict[str, bytes] | None = None
+        self._meta: dict[str, Any] = {}
+        self._artifacts: dict[str, Any] = {}
+        self._graph_outputs = None
+        self._hook = None
+
+    def _give_up(self, reason: str) -> None:
+        _warn(f"{reason}; this start is not cached")
+        self._files = None
+        self._model = self._args = None
+
+    def traced(self, gm: torch.fx.GraphModule, example_inputs, split: torch.fx.GraphModule, size_args) -> None:
+        """Dynamo's graph, its example inputs and the split module before its pieces are installed."""
+        bindings = bind_inputs(gm, example_inputs, self._model, self._args)
+        if isinstance(bindings, str):
+            return self._give_up(bindings)
+        try:
+            graph = pickle.dumps(split)
+        except Exception as err:  # an attribute pickle cannot hold (a lambda, a foreign object)
+            return self._give_up(f"the split graph cannot be stored ({_first_line(err)})")
+        self._files = {_GRAPH: graph}
+        self._meta = {"bindings": bindings, "size_args": size_args}
+        self._hook = split.register_forward_hook(self._record_outputs)
+
+    def _record_outputs(self, _module, _inputs, outputs) -> None:
+        self._graph_outputs = outputs
+        self._hook.remove()  # the first call only: later calls pay nothing
+
+    def compiled(self, runnables: dict[str, Callable]) -> None:
+        """The compiled pieces: Inductor's artifacts are stored, FX code is in the split graph already."""
+        self._artifacts = {name: r for name, r in runnables.items() if not isinstance(r, torch.fx.GraphModule)}
+
+    def finish(self, output) -> bool:
+        """Write the entry now that the first call returned ``output``; True if written."""
+        if self._files is None:
+            return False
+        spec = output_spec(self._graph_outputs or (), output)
+        if isinstance(spec, str):
+            self._give_up(spec)
+            return False
+        meta = {**self._meta, "outputs": spec, "inductor_pieces": sorted(self._artifacts)}
+        files = {**self._files, _META: (json.dumps(meta, indent=1) + "\n").encode()}
+        self._files = None
+        self._model = self._args = None
+        written = write_entry(self.folder, self.key, self.factors, files, self._artifacts)
+        compilation_counter.num_cache_entries_written += written
+        return written
