@@ -55,7 +55,8 @@ CAPABILITIES = {
     "recompiled or skipped (reference.compilation.replays.ReplayTally)",
     "compile_cache": "with CompilationConfig.cache_dir set (and REFERENCE_DISABLE_COMPILE_CACHE=0), a new compile of "
     "an equal model and config is served from the folder, counted as num_cache_hits / num_cache_misses, with "
-    "bitwise the first compile's outputs; a changed factor misses; an unusable entry warns once and recompiles",
+    "the first compile's outputs (bitwise but for autotuned Triton kernels); a changed factor misses; an unusable "
+    "entry warns once and recompiles",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too, and the "
     "suite's own tools (its report, markers, scheduling, faults), which need checking once, not per implementation",
 }

@@ -53,16 +53,25 @@ def entries(cache: Path) -> list[Path]:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["no_inductor", "inductor", "no_inductor_full"])
-def test_a_warm_start_traces_and_compiles_nothing_and_gives_bitwise_the_cold_starts_logits(mode, device, cache, impl):
-    """Bitwise, not close: a warm start runs the very code the cold one compiled (the FX pieces, Inductor's
-    kernels), on the same weights and inputs, so any difference is a wrong entry, not rounding."""
+def test_a_warm_start_traces_and_compiles_nothing_and_gives_the_cold_starts_logits(mode, device, cache, impl):
+    """Bitwise where the warm start runs the very code the cold one ran: the FX pieces, and Inductor's C++
+    kernels on a CPU. Inductor's Triton kernels are the exception: a kernel with several launch configs picks
+    one by timing them at its first launch in each start (the entry stores the kernels, not that choice), and
+    a reduction launched with another block size adds in another order. Measured on the H200: one run differed
+    by 1.2e-6 at the third decode step, another by nothing. So there the logits must agree to float32's
+    reassociation error: assert_close's float32 defaults (rtol 1.3e-6, atol 1e-5), far below what a wrong
+    entry gives (another dtype's or another graph's kernels)."""
     with expect_counters(num_cache_misses=1, num_cache_hits=0, num_graphs_seen=1, num_cache_entries_written=1):
         cold = start(impl, mode, cache, device=device)
     with expect_counters(num_cache_misses=0, num_cache_hits=1, num_graphs_seen=0, num_backend_compilations=0):
         warm = start(impl, mode, cache, device=device)
     assert len(entries(cache)) == 1
+    autotuned = mode.startswith("inductor") and device == "cuda"
     for step, (c, w) in enumerate(zip(cold, warm)):
-        assert torch.equal(c, w), f"step {step}: warm differs from cold by up to {(c - w).abs().max():.3g}"
+        if autotuned:
+            torch.testing.assert_close(w, c, msg=lambda m: f"step {step}: {m}")
+        else:
+            assert torch.equal(c, w), f"step {step}: warm differs from cold by up to {(c - w).abs().max():.3g}"
 
 
 # factor -> (the first start's overrides, the second's): each pair differs in that factor only
