@@ -116,21 +116,21 @@ def test_the_key_follows_the_source_so_an_edited_file_misses(cache, impl, tmp_pa
 
 def _damage(entry: Path, other: Path, how: str) -> None:
     if how == "truncated":
-        data = (entry / "graph.pkl").read_bytes()
-        (entry / "graph.pkl").write_bytes(data[: len(data) // 2])
-    elif how == "file_of_another_entry":  # a valid pickle, but the other config's graph
-        shutil.copy(other / "graph.pkl", entry / "graph.pkl")
+        data = (entry / "entry.json").read_bytes()
+        (entry / "entry.json").write_bytes(data[: len(data) // 2])
+    elif how == "file_of_another_entry":  # valid, but the other config's graph
+        shutil.copy(other / "entry.json", entry / "entry.json")
     elif how == "no_manifest":
         (entry / "manifest.json").unlink()
     elif how == "foreign":  # a whole entry of another config under this key
         shutil.rmtree(entry)
         shutil.copytree(other, entry)
-    elif how == "garbage_metadata":
-        (entry / "entry.json").write_text("{not json")
+    elif how == "missing_file":
+        (entry / "entry.json").unlink()
 
 
 @pytest.mark.no_inductor
-@pytest.mark.parametrize("how", ["truncated", "file_of_another_entry", "no_manifest", "foreign", "garbage_metadata"])
+@pytest.mark.parametrize("how", ["truncated", "file_of_another_entry", "no_manifest", "foreign", "missing_file"])
 def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, impl):
     """The other entry is the same model with native custom ops: its graph takes the same inputs, so
     served in this entry's place it would run, and give other (if close) logits, without a word."""

@@ -19,8 +19,8 @@ import torch
 from reference.compilation.compile_piece import compile_piece, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
-from reference.compilation.compile_cache import CacheWriter, Entry
-from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph, split_pieces
+from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule
+from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
@@ -54,8 +54,9 @@ def _size_args(piece: Piece) -> tuple[int, ...]:
     return tuple(i for i, v in enumerate(example_inputs(piece.module)) if isinstance(v, torch.SymInt))
 
 
-def _direct_splitting_call(piece: Piece) -> Callable | None:
-    """Call a splitting-op piece's registered Python function directly, skipping the dispatcher.
+def direct_call_spec(piece: Piece) -> tuple[str, list] | None:
+    """How to call a splitting-op piece's registered Python function directly, skipping the dispatcher:
+    ``(op name, [(is_argument, argument index or constant), ...])``.
 
     Returns None (keep the piece as it is) unless the piece is one call of an op with a registered
     direct function, with positional arguments only and no outputs (ops that write into buffers).
@@ -64,11 +65,22 @@ def _direct_splitting_call(piece: Piece) -> Callable | None:
     calls = [n for n in nodes if n.op == "call_function"]
     if len(calls) != 1 or calls[0].kwargs or nodes[-1].args[0] not in ((), None):
         return None
-    fn = direct_call(op_name(calls[0].target))
-    if fn is None:
+    name = op_name(calls[0].target)
+    if direct_call(name) is None:
         return None
     index = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
-    spec = [(a in index, index[a] if a in index else a) for a in calls[0].args]
+    return name, [(a in index, index[a] if a in index else a) for a in calls[0].args]
+
+
+def _direct_splitting_call(piece: Piece) -> Callable | None:
+    """The piece's op called directly (:func:`direct_call_spec`), or None to keep the piece as it is."""
+    spec = direct_call_spec(piece)
+    return None if spec is None else _call_directly(*spec)
+
+
+def _call_directly(name: str, spec: list) -> Callable:
+    """A splitting piece's calling convention (its inputs in, ``()`` out) over op ``name``'s direct function."""
+    fn = direct_call(name)
 
     def call(*args):
         fn(*[args[v] if is_arg else v for is_arg, v in spec])
@@ -102,16 +114,10 @@ def _check_no_unsafe_op_captured(piece: Piece) -> None:
             )
 
 
-def _loaded_piece(artifact: Callable | None, module: torch.fx.GraphModule) -> Callable:
-    """A compile-cache entry's piece: its FX code (``artifact`` None), or Inductor's loaded artifact. A loaded
-    artifact returns a list even where the piece returns one tensor (torch 2.11-2.13 do not restore the
-    output's structure on load; a fresh artifact does), so such a piece's list is unwrapped."""
-    if artifact is None:
-        return module
-    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
-    if isinstance(output.args[0], torch.fx.Node):
-        return lambda *args: artifact(*args)[0]
-    return artifact
+def _first_output(artifact: Callable) -> Callable:
+    """A loaded Inductor artifact of a piece that returns one tensor: a loaded artifact returns a list even
+    then (torch 2.11-2.13 do not restore the output's structure on load; a fresh artifact does)."""
+    return lambda *args: artifact(*args)[0]
 
 
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
@@ -176,7 +182,7 @@ class PiecewiseBackend:
             )
         size_args = {p.name: _size_args(p) for p in pieces if not p.is_splitting_op}
         if self.cache_writer is not None:  # before the pieces are installed into `split`
-            self.cache_writer.traced(gm, example_inputs, split, size_args)
+            self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
         self._check_pieces(pieces)
         compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
         if self.cache_writer is not None:
@@ -184,22 +190,30 @@ class PiecewiseBackend:
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
         return split
 
-    def load(self, entry: Entry, on_cuda: bool) -> torch.fx.GraphModule:
-        """The split module of a compile-cache entry, its pieces installed as a trace would have: Inductor's
-        pieces from the entry's artifacts, the others as the stored FX code. Dynamo never sees the model.
+    def load(self, entry: Entry, on_cuda: bool) -> Callable:
+        """The split module of a compile-cache entry, its pieces as a trace would have installed them:
+        Inductor's from the entry's artifacts, the others as their stored code; splitting ops called directly
+        where the trace found they could be. Dynamo never sees the model, and no FX graph is built: the
+        checks a trace makes on the pieces passed when the entry was written, for the same config.
 
-        Raises:
-            ConfigError: as for a trace, for a splitting op that a captured piece cannot hold.
+        ``pieces`` stays empty (no FX module was built); the counters count the pieces as a trace would.
         """
         self._traced = True
-        splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
-        pieces = split_pieces(entry.split, splitting_ops)
-        self._check_pieces(pieces)
-        compiled = {
-            p.name: _loaded_piece(entry.artifacts.get(p.name), p.module) for p in pieces if not p.is_splitting_op
-        }
-        self._install(entry.split, pieces, entry.size_args, compiled, on_cuda)
-        return entry.split
+        compilation_counter.num_piecewise_graphs_seen += len(entry.pieces)
+        use_graphs, pool, stream = self._graph_settings(on_cuda)
+        runnables = {}
+        for stored in entry.pieces:
+            name = stored["name"]
+            if stored["splitting_op"]:
+                direct = stored["direct"]
+                runnables[name] = _call_directly(*direct) if direct else StoredModule(stored["source"])
+                continue
+            compilation_counter.num_piecewise_capturable_graphs_seen += 1
+            runnable = entry.artifacts.get(name) or StoredModule(stored["source"])
+            if name in entry.artifacts and stored["returns_one"]:
+                runnable = _first_output(runnable)
+            runnables[name] = self._wrapped(name, runnable, tuple(stored["size_args"]), use_graphs, pool, stream)
+        return StoredModule(entry.split, runnables)
 
     def _check_pieces(self, pieces: list[Piece]) -> None:
         """With piecewise graphs asked for (on any device), every splitting op writes into buffers and no
@@ -222,28 +236,38 @@ class PiecewiseBackend:
         """Put each piece's runnable into ``split``: splitting ops called directly where they can be, compiled
         pieces (``compiled``: piece name -> callable) wrapped in CUDA graphs when the config asks and the
         model is on CUDA."""
-        use_graphs = self.config.piecewise_graphs and on_cuda
-        graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        capture_stream = torch.cuda.Stream() if use_graphs else None
+        use_graphs, pool, stream = self._graph_settings(on_cuda)
         for piece in pieces:
             if piece.is_splitting_op:
                 runnable = _direct_splitting_call(piece)
                 if runnable is None:
                     continue
-            elif use_graphs:
-                runnable = CUDAGraphPiece(
-                    name=piece.name,
-                    runnable=compiled[piece.name],
-                    size_args=size_args[piece.name],
-                    capture_sizes=self.config.cudagraph_capture_sizes,
-                    num_warmups=self.config.cudagraph_num_of_warmups,
-                    pool=graph_pool,
-                    stream=capture_stream,
-                    debug_addresses=self.config.debug_cudagraph_addresses,
-                    stale_outputs=self.stale_outputs,
-                )
             else:
-                runnable = compiled[piece.name]
+                compiled_piece = compiled[piece.name]
+                runnable = self._wrapped(piece.name, compiled_piece, size_args[piece.name], use_graphs, pool, stream)
             # GraphModule code calls `self.<name>(...)`; an instance attribute shadows the submodule.
             split.__dict__[piece.name] = runnable
         self.pieces = pieces
+
+    def _graph_settings(self, on_cuda: bool) -> tuple[bool, object, object]:
+        """Whether compiled pieces get CUDA graphs, and the memory pool and capture stream they share."""
+        use_graphs = self.config.piecewise_graphs and on_cuda
+        if not use_graphs:
+            return False, None, None
+        return True, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+
+    def _wrapped(self, name, runnable, size_args, use_graphs, pool, stream) -> Callable:
+        """A compiled piece, in a :class:`CUDAGraphPiece` when ``use_graphs``."""
+        if not use_graphs:
+            return runnable
+        return CUDAGraphPiece(
+            name=name,
+            runnable=runnable,
+            size_args=size_args,
+            capture_sizes=self.config.cudagraph_capture_sizes,
+            num_warmups=self.config.cudagraph_num_of_warmups,
+            pool=pool,
+            stream=stream,
+            debug_addresses=self.config.debug_cudagraph_addresses,
+            stale_outputs=self.stale_outputs,
+        )

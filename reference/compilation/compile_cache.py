@@ -13,10 +13,9 @@ token count). A miss traces and compiles as usual and writes the entry once the 
 An entry is a folder ``<cache folder>/<key>/``:
 
 * ``factors.json``: the key's factors, readable (``git diff --no-index`` two of them to see why one missed);
-* ``graph.pkl``: the split FX module before its pieces are compiled (its code and its pieces' code; no
-  weights: parameters are graph inputs);
-* ``entry.json``: where each graph input comes from, how the outputs make the model's, each piece's size
-  arguments, the Inductor pieces;
+* ``entry.json``: the split module's and each piece's generated code (the FX code, no graph: rebuilding
+  graphs means tracing the code again), where each graph input comes from, how the graph's outputs make the
+  model's, each piece's size arguments and how a splitting op is called;
 * ``<piece>.bin``: a piece's Inductor artifact (``torch._inductor.CompiledArtifact``, binary format);
 * ``manifest.json``: written last, the size and SHA-256 of every other file.
 
@@ -26,8 +25,8 @@ sizes and hashes and that the stored factors equal its own; an entry that fails 
 foreign, unreadable) is one warning line and a recompile, whose entry replaces it. Triton's kernels (the
 custom ops' and Inductor's) are cached by Triton itself (``TRITON_CACHE_DIR``, default ``~/.triton/cache``).
 
-Reading ``graph.pkl`` runs code, as loading any pickle does (torch's and vLLM's caches alike): the cache
-folder must be as trusted as the code.
+A hit runs the stored code and loads pickled artifacts, as torch's and vLLM's caches do: the cache folder
+must be as trusted as the code.
 
 Where (:func:`cache_folder`): ``CompilationConfig.cache_dir`` when set, else ``$REFERENCE_COMPILE_CACHE``,
 else ``~/.cache/piecewise-reference/torch_compile_cache`` (vLLM: ``cache_dir``, ``$VLLM_CACHE_ROOT``).
@@ -40,7 +39,6 @@ import hashlib
 import inspect
 import json
 import os
-import pickle
 import platform
 import shutil
 import uuid
@@ -71,7 +69,7 @@ GRAPH_FIELDS = (
     "inductor_compile_config",
 )
 _PACKAGE = Path(__file__).resolve().parents[1]  # reference/
-_MANIFEST, _FACTORS, _GRAPH, _META = "manifest.json", "factors.json", "graph.pkl", "entry.json"
+_MANIFEST, _FACTORS, _META = "manifest.json", "factors.json", "entry.json"
 
 
 def cache_folder(config: CompilationConfig) -> Path | None:
@@ -245,23 +243,66 @@ def bound_call(split: Callable, bindings: list[Binding], outputs: Binding, model
     return call
 
 
+def module_source(gm: torch.fx.GraphModule) -> dict[str, str] | str:
+    """A GraphModule's generated ``forward`` as source: the imports its code needs and the code; or a
+    one-line reason it cannot be stored (it reads attributes of its own: constants, submodules that are not
+    the split's pieces). The import block is FX's own, the one GraphModule pickling writes."""
+    from torch.fx.graph_module import _format_import_block
+    from torch.package import sys_importer
+
+    own = [n for n in gm.graph.nodes if n.op == "get_attr" or (n.op == "call_module" and "." in str(n.target))]
+    if own:
+        return f"graph module reads {own[0].op} {own[0].target!r}, which the stored code cannot hold"
+    python_code = gm.graph.python_code(root_module="self")
+    return {"imports": _format_import_block(python_code.globals, sys_importer), "code": python_code.src}
+
+
+class StoredModule:
+    """A stored GraphModule's ``forward`` run as plain Python, with no FX graph built (building one means
+    tracing its code again: about 0.5 s for a 32-layer model's 66 modules on a CPU core).
+
+    Args:
+        source: :func:`module_source`'s dict.
+        children: attribute name -> callable, for the code's ``self.<name>(...)`` calls (the split's pieces).
+    """
+
+    def __init__(self, source: dict[str, str], children: dict[str, Callable] | None = None):
+        namespace: dict[str, Any] = {}
+        exec(compile(source["imports"] + source["code"], "<compile cache>", "exec"), namespace)
+        self._forward = namespace["forward"]
+        self.__dict__.update(children or {})
+
+    def __call__(self, *args):
+        return self._forward(self, *args)
+
+
 @dataclass
 class Entry:
     """What an entry holds, as read.
 
     Attributes:
-        split: the split FX module, its pieces as FX modules (nothing compiled or installed yet).
+        split: the split module's source (:func:`module_source`), calling ``self.<piece name>(...)``.
+        pieces: per piece, in order: ``name``, ``splitting_op``, ``source``, and for a splitting op ``direct``
+            (the backend's ``direct_call_spec`` or None), else ``size_args`` (indices of its token-count
+            arguments) and ``returns_one`` (the piece returns one tensor, not a tuple).
         bindings: one :data:`Binding` per input of ``split``.
         outputs: the output spec (:func:`output_spec`).
-        size_args: piece name -> indices of its token-count arguments (compiled pieces only).
         artifacts: piece name -> Inductor's compiled piece (Inductor pieces only).
     """
 
-    split: torch.fx.GraphModule
+    split: dict[str, str]
+    pieces: list[dict[str, Any]]
     bindings: list[Binding]
     outputs: Binding
-    size_args: dict[str, tuple[int, ...]]
     artifacts: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_json(value) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _warn(message: str) -> None:
@@ -296,17 +337,11 @@ def read_entry(folder: Path, key: str, factors: dict[str, Any]) -> Entry | None:
         if json.loads((path / _FACTORS).read_text()) != factors:
             raise ValueError("its factors.json is not this start's (a foreign entry)")
         meta = json.loads((path / _META).read_text())
-        split = pickle.loads((path / _GRAPH).read_bytes())
         from torch._inductor import CompiledArtifact
 
         artifacts = {name: CompiledArtifact.load(path=str(path / f"{name}.bin")) for name in meta["inductor_pieces"]}
-        return Entry(
-            split,
-            [tuple(b) for b in meta["bindings"]],
-            tuple(meta["outputs"]),
-            {name: tuple(args) for name, args in meta["size_args"].items()},
-            artifacts,
-        )
+        bindings = [tuple(b) for b in meta["bindings"]]
+        return Entry(meta["split"], meta["pieces"], bindings, tuple(meta["outputs"]), artifacts)
     except Exception as err:  # any failure to read is the entry's, never the start's: compile again
         _warn(f"entry {path} is unusable ({_first_line(err)}); compiling again")
         return None
@@ -316,7 +351,7 @@ def write_entry(folder: Path, key: str, factors: dict[str, Any], files: dict[str
     """Write an entry as ``folder/key`` (module doc: a temporary folder, the manifest last, a rename).
 
     Args:
-        files: file name -> contents (``graph.pkl``, ``entry.json``); ``factors.json`` is added.
+        files: file name -> contents (``entry.json``); ``factors.json`` is added.
         artifacts: piece name -> Inductor artifact, saved as ``<name>.bin``.
 
     Returns:
@@ -363,28 +398,39 @@ class CacheWriter:
     def __init__(self, folder: Path, key: str, factors: dict[str, Any], model: nn.Module, args: tuple):
         self.folder, self.key, self.factors = folder, key, factors
         self._model, self._args = model, args
-        self._files: dict[str, bytes] | None = None
-        self._meta: dict[str, Any] = {}
+        self._meta: dict[str, Any] | None = None  # set by a trace whose graph can be stored
         self._artifacts: dict[str, Any] = {}
         self._graph_outputs = None
         self._hook = None
 
     def _give_up(self, reason: str) -> None:
         _warn(f"{reason}; this start is not cached")
-        self._files = None
-        self._model = self._args = None
+        self._meta = self._model = self._args = None
 
-    def traced(self, gm: torch.fx.GraphModule, example_inputs, split: torch.fx.GraphModule, size_args) -> None:
-        """Dynamo's graph, its example inputs and the split module before its pieces are installed."""
+    def traced(self, gm, example_inputs, split, pieces, size_args, direct_call_spec) -> None:
+        """Dynamo's graph and example inputs, the split module before its pieces are installed, its pieces
+        (:class:`~reference.compilation.split.Piece`), their size arguments and the backend's
+        ``direct_call_spec``."""
         bindings = bind_inputs(gm, example_inputs, self._model, self._args)
         if isinstance(bindings, str):
             return self._give_up(bindings)
-        try:
-            graph = pickle.dumps(split)
-        except Exception as err:  # an attribute pickle cannot hold (a lambda, a foreign object)
-            return self._give_up(f"the split graph cannot be stored ({_first_line(err)})")
-        self._files = {_GRAPH: graph}
-        self._meta = {"bindings": bindings, "size_args": size_args}
+        sources = {p.name: module_source(p.module) for p in pieces}
+        sources["the split module"] = module_source(split)
+        unstorable = next((f"{name}: {s}" for name, s in sources.items() if isinstance(s, str)), None)
+        if unstorable:
+            return self._give_up(unstorable)
+        stored = []
+        for piece in pieces:
+            entry = {"name": piece.name, "splitting_op": piece.is_splitting_op, "source": sources[piece.name]}
+            if piece.is_splitting_op:
+                direct = direct_call_spec(piece)
+                entry["direct"] = direct if _is_json(direct) else None  # else the stored code calls the op
+            else:
+                output = next(n for n in reversed(piece.module.graph.nodes) if n.op == "output")
+                returns_one = isinstance(output.args[0], torch.fx.Node)
+                entry.update(size_args=size_args[piece.name], returns_one=returns_one)
+            stored.append(entry)
+        self._meta = {"split": sources["the split module"], "pieces": stored, "bindings": bindings}
         self._hook = split.register_forward_hook(self._record_outputs)
 
     def _record_outputs(self, _module, _inputs, outputs) -> None:
@@ -392,21 +438,20 @@ class CacheWriter:
         self._hook.remove()  # the first call only: later calls pay nothing
 
     def compiled(self, runnables: dict[str, Callable]) -> None:
-        """The compiled pieces: Inductor's artifacts are stored, FX code is in the split graph already."""
+        """The compiled pieces: Inductor's artifacts are stored; FX pieces are stored as their code."""
         self._artifacts = {name: r for name, r in runnables.items() if not isinstance(r, torch.fx.GraphModule)}
 
     def finish(self, output) -> bool:
         """Write the entry now that the first call returned ``output``; True if written."""
-        if self._files is None:
+        if self._meta is None:
             return False
         spec = output_spec(self._graph_outputs or (), output)
         if isinstance(spec, str):
             self._give_up(spec)
             return False
         meta = {**self._meta, "outputs": spec, "inductor_pieces": sorted(self._artifacts)}
-        files = {**self._files, _META: (json.dumps(meta, indent=1) + "\n").encode()}
-        self._files = None
-        self._model = self._args = None
+        self._meta = self._model = self._args = None
+        files = {_META: (json.dumps(meta, indent=1) + "\n").encode()}
         written = write_entry(self.folder, self.key, self.factors, files, self._artifacts)
         compilation_counter.num_cache_entries_written += written
         return written

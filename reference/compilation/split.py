@@ -74,11 +74,7 @@ def split_graph(
         else:
             assignment[node] = piece
     split = split_module(gm, None, lambda node: assignment[node], keep_original_order=True)
-    return split, split_pieces(split, splitting_ops)
 
-
-def split_pieces(split: torch.fx.GraphModule, splitting_ops: tuple[str, ...] | None) -> list[Piece]:
-    """The pieces of a module :func:`split_graph` made (or the compile cache stored), in execution order."""
     pieces = []
     for node in split.graph.nodes:
         if node.op != "call_module":
@@ -87,4 +83,4 @@ def split_pieces(split: torch.fx.GraphModule, splitting_ops: tuple[str, ...] | N
         calls = [n for n in module.graph.nodes if n.op == "call_function"]
         is_split = len(calls) == 1 and is_splitting_op(calls[0].target, splitting_ops)
         pieces.append(Piece(node.target, len(pieces), is_split, module))
-    return pieces
+    return split, pieces
