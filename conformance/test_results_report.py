@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from reference.benchmark.results import ResultsError, newest, read_rows
+from reference.benchmark.startup_results import read_startup_rows
 from reference.benchmark.summary import comparison_table, latency_table, sources, speedup_table, startup_table
 from reference.benchmark.summary import IQR_WARNING
 from reference.config import MODES
@@ -359,8 +360,8 @@ def test_a_file_without_latency_rows_is_refused_in_so_many_words(tmp_path):
     empty.write_text(json.dumps({"machine_info": {}, "commit_info": {}, "benchmarks": [], "datetime": "2026-12-01"}))
     assert read_rows(empty) == []  # a pytest-benchmark run that saved no benchmark
     proc = _report(str(empty), "--out", str(tmp_path / "out"))
-    assert (proc.returncode, proc.stderr) == (2, "python -m reference.report: error: the files hold no latency rows "
-                                                 "(see --help)\n")  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, "python -m reference.report: error: the files hold no latency or "
+                                                 "start-up rows (see --help)\n")  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 
@@ -428,3 +429,50 @@ def test_a_field_of_the_wrong_kind_is_refused_naming_the_file_and_field(tmp_path
     assert str(err.value).startswith(f"{path}: ") and str(err.value).endswith(message), str(err.value)
     proc = _report(str(path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and message in proc.stderr
+
+
+STARTUP_OLD = ROOT / "perf/results/startup-llama-3.1-8b-h200-20261202.json"  # before the compile cache
+STARTUP_NEW = ROOT / "perf/results/startup-llama-3.1-8b-h200-20261203.json"  # with it
+
+
+def test_a_startup_file_gives_each_modes_cold_and_warm_ready_and_whether_the_cache_served_it():
+    doc = json.loads(STARTUP_NEW.read_text())
+    rows = read_startup_rows(STARTUP_NEW)
+    ready = {(r["mode"], r["start"]): r["ready_s"] for r in doc["rows"]}
+    assert [r.mode for r in rows] == list(dict.fromkeys(r["mode"] for r in doc["rows"]))
+    for row in rows:
+        assert (row.cold_ready_s, row.warm_ready_s) == (ready[row.mode, "cold"], ready[row.mode, "warm"])
+    hits = {r["mode"]: r["compile_cache_hits"] > 0 for r in doc["rows"] if r["start"] == "warm"}
+    assert {r.mode: r.warm_hit for r in rows} == hits and not hits["breakable"] and hits["no_inductor"]
+    assert {r.warm_hit for r in read_startup_rows(STARTUP_OLD)} == {None}  # no such field before the cache
+    assert read_startup_rows(STEP_NEW) is None  # a latency file is not a start-up file
+
+
+def test_the_report_puts_each_modes_cold_and_warm_start_beside_the_latencies_newest_run_first(tmp_path):
+    pytest.importorskip("matplotlib")
+    proc = _report(str(STARTUP_NEW), str(STARTUP_OLD), str(STEP_NEW), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "| llama-3.1-8b | decode step B=8 |" in text and "## Cold and warm start" in text
+    newest_row = next(r for r in read_startup_rows(STARTUP_NEW) if r.mode == "no_inductor")
+    line = next(l for l in text.splitlines() if l.startswith("| llama-3.1-8b | NVIDIA H200 | no_inductor |"))
+    assert line.split(" | ")[3:5] == [f"{newest_row.cold_ready_s:.2f}", f"{newest_row.warm_ready_s:.2f}"]
+    assert text.count("| llama-3.1-8b | NVIDIA H200 | no_inductor |") == 1
+    assert str(STARTUP_NEW.relative_to(ROOT)) in text or str(STARTUP_NEW) in text
+
+
+def test_start_up_files_alone_make_a_report_without_a_chart(tmp_path):
+    proc = _report(str(STARTUP_NEW), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "## Cold and warm start" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "latency.png").exists()
+
+
+def test_a_start_up_file_with_a_mode_missing_its_warm_start_is_one_line_naming_it(tmp_path):
+    doc = json.loads(STARTUP_NEW.read_text())
+    doc["rows"] = [r for r in doc["rows"] if (r["mode"], r["start"]) != ("inductor", "warm")]
+    broken = tmp_path / "startup.json"
+    broken.write_text(json.dumps(doc))
+    proc = _report(str(broken), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{broken}: mode 'inductor' has starts ['cold']; expected cold and warm" in proc.stderr

@@ -1,9 +1,10 @@
 """``python -m reference.report RESULTS... --out DIR [--compare OLD NEW]``: saved results as a report.
 
-RESULTS are ``bench_latency`` JSON files (``--output-json`` / ``--results-dir``) and pytest-benchmark JSON
-files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``), in any mix. DIR gets ``report.md`` (the
-models x modes latency table with each floor, each mode's speed-up over each peer, start-up and graph
-memory, the files it came from) and ``latency.png`` (a chart of the same latencies, the floors drawn).
+RESULTS are ``bench_latency`` JSON files (``--output-json`` / ``--results-dir``), pytest-benchmark JSON
+files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``) and ``bench_startup`` JSON files, in any mix.
+DIR gets ``report.md`` (the models x modes latency table with each floor, each mode's speed-up over each peer,
+start-up and graph memory, each mode's cold and warm start, the files it came from) and ``latency.png`` (a
+chart of the same latencies, the floors drawn; none for start-up files alone).
 Where several files time the same model, measure and mode, the newest run is used. ``--compare OLD NEW``
 prints the change per row from the results file OLD to NEW, in percent, instead.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from reference.benchmark.cli import OneLineParser
 from reference.benchmark.results import ResultsError, newest, read_rows
+from reference.benchmark.startup_results import cold_warm_table, newest_starts, read_startup_rows
 from reference.benchmark.summary import (
     IQR_WARNING,
     comparison_table,
@@ -57,12 +59,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(comparison_table(old, new))
             return 0
-        every_row = [row for path in args.results for row in read_rows(path)]
-        rows = newest(every_row)
+        every_row, every_start = [], []
+        for path in args.results:
+            starts = read_startup_rows(path)
+            if starts is None:
+                every_row += read_rows(path)
+            else:
+                every_start += starts
+        rows, starts = newest(every_row), newest_starts(every_start)
     except ResultsError as err:
         parser.error(str(err))
-    if not rows:
-        parser.error("the files hold no latency rows")
+    if not rows and not starts:
+        parser.error("the files hold no latency or start-up rows")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a file of that name, or no permission
@@ -70,38 +78,47 @@ def main(argv: list[str] | None = None) -> int:
     from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
     from reference.benchmark.report import write_whole
 
-    try:
-        chart = latency_chart(rows, args.out / "latency.png")
-    except OSError as err:  # a folder that takes no files
-        parser.error(f"--out: cannot write in {args.out} ({err.strerror or err})")
-    peers = speedup_table(rows, every_row)
-    peer_section = [
-        "## Speed-up over the peers",
-        "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's own "
-        "run where it timed the mode too; `†`: the mode's row comes from another run.",
-        peers,
-    ]
-    text = "\n\n".join(
-        [
-            "# Latency by model and mode",
+    sections = ["# Latency by model and mode"] if rows else ["# Start-up by model and mode"]
+    chart = None
+    if rows:
+        try:
+            chart = latency_chart(rows, args.out / "latency.png")
+        except OSError as err:  # a folder that takes no files
+            parser.error(f"--out: cannot write in {args.out} ({err.strerror or err})")
+        peers = speedup_table(rows, every_row)
+        sections += [
             f"p50 per call (per step for 'back to back' rows: a timed round of several steps / its steps), with "
             f"its multiple of the bandwidth floor (weights read / bandwidth); `*`: the timed calls' interquartile "
             f"range exceeds {IQR_WARNING:.0%} of the median. Chart: `{chart.name}`.",
             latency_table(rows),
-            *(peer_section if peers else []),
-            "## Start-up and graph memory",
-            startup_table(rows),
-            "## From",
-            sources(rows),
-            f"Written by `python -m reference.report {' '.join(str(p) for p in args.results)} --out {args.out}`.",
         ]
-    )
+        if peers:
+            sections += [
+                "## Speed-up over the peers",
+                "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's "
+                "own run where it timed the mode too; `†`: the mode's row comes from another run.",
+                peers,
+            ]
+        sections += ["## Start-up and graph memory", startup_table(rows)]
+    if starts:
+        sections += [
+            "## Cold and warm start",
+            "`python -m reference.bench_startup`: ready = compile + capture (weights excluded), each start a fresh "
+            "process; cold with every compiler cache empty, warm with what the cold start left.",
+            cold_warm_table(starts),
+        ]
+    sections += [
+        "## From",
+        sources([*rows, *starts]),
+        f"Written by `python -m reference.report {' '.join(str(p) for p in args.results)} --out {args.out}`.",
+    ]
+    text = "\n\n".join(sections)
     try:
         write_whole(args.out / "report.md", text + "\n")
     except OSError as err:
         parser.error(f"--out: cannot write in {args.out} ({err.strerror or err})")
     print(text)
-    print(f"wrote {args.out / 'report.md'} and {chart}", file=sys.stderr)
+    print(f"wrote {args.out / 'report.md'}" + (f" and {chart}" if chart else ""), file=sys.stderr)
     return 0
 
 

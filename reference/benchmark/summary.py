@@ -106,7 +106,8 @@ def comparison_table(old: list[Row], new: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def sources(rows: list[Row]) -> str:
-    """One line per results file used: its GPU, torch and date."""
+def sources(rows: list) -> str:
+    """One line per results file used: its GPU, torch and date (rows: latency :class:`Row` s and start-up rows
+    alike, anything with ``source``, ``gpu``, ``torch`` and ``date``)."""
     seen = dict.fromkeys((r.source, r.gpu or "cpu", r.torch or "?", r.date[:19]) for r in rows)
     return "\n".join(f"- `{src}`: {gpu}, torch {torch}, {date}" for src, gpu, torch, date in seen)
