@@ -9,6 +9,7 @@ turn it on with a folder of their own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -127,10 +128,26 @@ def _damage(entry: Path, other: Path, how: str) -> None:
         shutil.copytree(other, entry)
     elif how == "missing_file":
         (entry / "entry.json").unlink()
+    elif how == "manifest_listing_nothing":  # every file it lists checks out
+        (entry / "manifest.json").write_text("{}")
+    elif how == "code_that_does_not_run":  # the manifest rewritten to match: only running the code tells
+        meta = json.loads((entry / "entry.json").read_text())
+        meta["split"]["code"] = meta["split"]["code"].replace("def forward", "def forwrd")
+        (entry / "entry.json").write_text(json.dumps(meta))
+        files = [f for f in entry.iterdir() if f.name != "manifest.json"]
+        manifest = {f.name: [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()] for f in files}
+        (entry / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "a_file_not_a_folder":
+        shutil.rmtree(entry)
+        entry.write_text("not an entry")
 
 
 @pytest.mark.no_inductor
-@pytest.mark.parametrize("how", ["truncated", "file_of_another_entry", "no_manifest", "foreign", "missing_file"])
+@pytest.mark.parametrize(
+    "how",
+    ["truncated", "file_of_another_entry", "no_manifest", "foreign", "missing_file", "manifest_listing_nothing",
+     "code_that_does_not_run", "a_file_not_a_folder"],
+)  # fmt: skip
 def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, impl):
     """The other entry is the same model with native custom ops: its graph takes the same inputs, so
     served in this entry's place it would run, and give other (if close) logits, without a word."""
@@ -146,6 +163,7 @@ def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, imp
     said = [str(w.message) for w in caught if "compile cache" in str(w.message)]
     assert len(said) == 1 and "unusable" in said[0] and "\n" not in said[0], said
     assert all(torch.equal(a, b) for a, b in zip(cold, again))
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # the refused entry is gone
     with expect_counters(num_cache_hits=1):  # replaced by a whole entry
         start(impl, "no_inductor", cache)
 
@@ -256,3 +274,64 @@ def test_cache_settings_are_checked(monkeypatch, tmp_path):
     monkeypatch.setenv(compile_cache.DISABLE_ENV, "yes")
     with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_COMPILE_CACHE: expected '0' or '1', got 'yes'$"):
         compile_cache.cache_folder(CompilationConfig())
+
+
+class _ArtifactTorchCannotSave:
+    def save(self, *, path):
+        raise RuntimeError("CompiledArtifact.save failed to save since there's no artifact to save")
+
+
+@pytest.mark.requires("components")
+def test_an_entry_that_cannot_be_written_is_one_warning_and_leaves_nothing_behind(tmp_path):
+    """It was a traceback that ended the start (torch's artifact of a compile its own cache skipped)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        artifacts = {"p": _ArtifactTorchCannotSave()}
+        written = compile_cache.write_entry(tmp_path, "key", {}, {"entry.json": b"{}"}, artifacts)
+    said = [str(w.message) for w in caught]
+    assert not written and len(said) == 1 and "this start is not cached" in said[0] and "no artifact" in said[0], said
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.requires("components")
+def test_a_second_writer_of_a_key_keeps_the_first_ones_whole_entry(tmp_path):
+    """Two processes that missed at once both write; the second must not swap out the first's entry under a
+    third that is reading it."""
+    first = compile_cache.write_entry(tmp_path, "key", {"a": 1}, {"entry.json": b"{}"}, {})
+    inode = (tmp_path / "key").stat().st_ino
+    second = compile_cache.write_entry(tmp_path, "key", {"a": 1}, {"entry.json": b"{}"}, {})
+    assert (first, second) == (True, False) and (tmp_path / "key").stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key"]
+
+
+@pytest.mark.requires("components")
+@pytest.mark.parametrize(
+    "patches, said",
+    [({"max_autotune": False, "fx_graph_cache": False}, "Inductor keeps no artifact to store"),
+     ({"post_grad_custom_pre_pass": print}, "builtin_function_or_method, which no key can name")],
+)  # fmt: skip
+def test_an_inductor_config_no_entry_can_hold_is_one_warning_before_any_compile(patches, said, cache, monkeypatch):
+    from reference.compilation import compile_model
+
+    config = CompilationConfig(level=2, cache_dir=str(cache), inductor_compile_config=patches)
+    compiled = compile_model(_ReadsAGlobalTensor(), config)
+    monkeypatch.setattr(compiled, "_compiled", lambda x: x)  # the compile itself is not what is tested
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with expect_counters(num_cache_hits=0, num_cache_misses=0):
+            compiled(torch.ones(3, 64))
+    messages = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(messages) == 1 and said in messages[0] and "not cached" in messages[0], messages
+
+
+@pytest.mark.requires("components")
+@pytest.mark.parametrize("value", ["a\x00b", "   "], ids=["nul", "spaces"])
+def test_a_cache_dir_no_folder_can_have_is_refused_when_the_config_is_built(value):
+    with pytest.raises(ConfigError, match=r"^cache_dir: expected a folder path .*not only spaces$"):
+        CompilationConfig.parse({"cache_dir": value})
+
+
+@pytest.mark.requires("components")
+def test_an_empty_switch_reads_as_unset(monkeypatch, tmp_path):
+    monkeypatch.setenv(compile_cache.DISABLE_ENV, "")
+    assert compile_cache.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path

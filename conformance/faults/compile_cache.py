@@ -27,7 +27,7 @@ def _no_dtypes(factors):
     factors["model"]["tensors"] = [tensor[:2] for tensor in factors["model"]["tensors"]]  # names and shapes only
 
 
-def _written_in_place(folder, key, factors, files, artifacts):
+def _written_in_place(folder, key, factors, files, artifacts, refused=None):
     """``write_entry`` writing each file, the manifest last, straight under the entry's name: a process that
     starts meanwhile finds a folder with some of the files and takes it for a whole entry or a damaged one."""
     final = folder / key

@@ -196,10 +196,10 @@ class PiecewiseBackend:
         where the trace found they could be. Dynamo never sees the model, and no FX graph is built: the
         checks a trace makes on the pieces passed when the entry was written, for the same config.
 
-        ``pieces`` stays empty (no FX module was built); the counters count the pieces as a trace would.
+        ``pieces`` stays empty (no FX module was built); the counters count the pieces as a trace would. If
+        the entry cannot be built from (its stored code does not run), this raises and changes nothing: the
+        model can still be traced.
         """
-        self._traced = True
-        compilation_counter.num_piecewise_graphs_seen += len(entry.pieces)
         use_graphs, pool, stream = self._graph_settings(on_cuda)
         runnables = {}
         for stored in entry.pieces:
@@ -208,12 +208,15 @@ class PiecewiseBackend:
                 direct = stored["direct"]
                 runnables[name] = _call_directly(*direct) if direct else StoredModule(stored["source"])
                 continue
-            compilation_counter.num_piecewise_capturable_graphs_seen += 1
             runnable = entry.artifacts.get(name) or StoredModule(stored["source"])
             if name in entry.artifacts and stored["returns_one"]:
                 runnable = _first_output(runnable)
             runnables[name] = self._wrapped(name, runnable, tuple(stored["size_args"]), use_graphs, pool, stream)
-        return StoredModule(entry.split, runnables)
+        split = StoredModule(entry.split, runnables)
+        self._traced = True
+        compilation_counter.num_piecewise_graphs_seen += len(entry.pieces)
+        compilation_counter.num_piecewise_capturable_graphs_seen += sum(not p["splitting_op"] for p in entry.pieces)
+        return split
 
     def _check_pieces(self, pieces: list[Piece]) -> None:
         """With piecewise graphs asked for (on any device), every splitting op writes into buffers and no

@@ -37,6 +37,7 @@ from reference.compilation.compile_cache import (
     cache_folder,
     cache_key,
     read_entry,
+    uncachable,
 )
 from reference.compilation.counters import compilation_counter
 from reference.compilation.full_graph import FullCUDAGraphs
@@ -147,17 +148,25 @@ class CompiledModel:
         folder = cache_folder(self.config)
         if folder is None:
             return
+        reason = uncachable(self.config)
+        if reason:
+            warnings.warn(f"compile cache: {reason}; this start is not cached", RuntimeWarning, stacklevel=3)
+            return
         factors = cache_factors(self._model, self.config, args)
         key = cache_key(factors)
-        entry = read_entry(folder, key, factors)
-        if entry is None:
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+
+        def build(entry):
+            split = self.backend.load(entry, on_cuda)
+            return bound_call(split, entry.bindings, entry.outputs, self._model)
+
+        forward = read_entry(folder, key, factors, build)
+        if forward is None:
             compilation_counter.num_cache_misses += 1
             self._cache_writer = self.backend.cache_writer = CacheWriter(folder, key, factors, self._model, args)
             return
         compilation_counter.num_cache_hits += 1
-        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        split = self.backend.load(entry, on_cuda)
-        self._compiled = bound_call(split, entry.bindings, entry.outputs, self._model)
+        self._compiled = forward
 
     @property
     def awaits_trace(self) -> bool:

@@ -45,7 +45,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import nn
@@ -69,6 +69,7 @@ GRAPH_FIELDS = (
     "inductor_compile_config",
 )
 _PACKAGE = Path(__file__).resolve().parents[1]  # reference/
+T = TypeVar("T")
 _MANIFEST, _FACTORS, _META = "manifest.json", "factors.json", "entry.json"
 
 
@@ -78,7 +79,7 @@ def cache_folder(config: CompilationConfig) -> Path | None:
     Raises:
         ConfigError: ``$REFERENCE_DISABLE_COMPILE_CACHE`` is set to something other than ``0`` or ``1``.
     """
-    disable = os.environ.get(DISABLE_ENV, "0")
+    disable = os.environ.get(DISABLE_ENV) or "0"  # set but empty (`VAR=`) reads as unset
     if disable not in ("0", "1"):
         raise ConfigError(f"{DISABLE_ENV}: expected '0' or '1', got {disable!r}")
     if disable == "1":
@@ -87,6 +88,19 @@ def cache_folder(config: CompilationConfig) -> Path | None:
         return Path(config.cache_dir).expanduser()
     env = os.environ.get(FOLDER_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "piecewise-reference" / "torch_compile_cache"
+
+
+def uncachable(config: CompilationConfig) -> str | None:
+    """Why a model compiled per ``config`` cannot be cached, or None: an ``inductor_compile_config`` value
+    that is no JSON data (a pass given as a function) has no stable spelling in a key (its ``repr`` holds an
+    address), and Inductor keeps nothing to save of a compile it does not cache itself (``fx_graph_cache``
+    False, or a pass it cannot hash)."""
+    for name, value in config.inductor_compile_config.items():
+        if not _is_json(value):
+            return f"inductor_compile_config[{name!r}] is {type(value).__name__}, which no key can name"
+        if name == "fx_graph_cache" and value is False:
+            return "inductor_compile_config['fx_graph_cache'] is False: Inductor keeps no artifact to store"
+    return None
 
 
 def _sha256_files(paths: list[Path], root: Path) -> str:
@@ -314,23 +328,30 @@ def _first_line(err: BaseException) -> str:
 
 
 def _check_manifest(path: Path) -> None:
-    """Every file the manifest lists has its size and SHA-256.
+    """The manifest lists exactly the entry's other files, each with its size and SHA-256.
 
     Raises:
-        OSError: the manifest or a file is missing. ValueError: a file differs, or the manifest is no JSON.
+        OSError: the manifest or a file is missing. ValueError: a file differs, one is not listed, or the
+            manifest is no JSON object.
     """
     manifest = json.loads((path / _MANIFEST).read_text())
+    present = {p.name for p in path.iterdir()} - {_MANIFEST}
+    if not isinstance(manifest, dict) or set(manifest) != present or not {_FACTORS, _META} <= present:
+        listed = sorted(manifest) if isinstance(manifest, dict) else manifest
+        raise ValueError(f"the manifest lists {listed}, the folder holds {sorted(present)}")
     for name, (size, digest) in manifest.items():
         data = (path / name).read_bytes()
         if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
             raise ValueError(f"{name} is {len(data)} bytes and its SHA-256 is not the manifest's")
 
 
-def read_entry(folder: Path, key: str, factors: dict[str, Any]) -> Entry | None:
-    """The entry ``folder/key`` if it is whole and its factors are ``factors``; else None (a missing entry
-    silently, an unusable one with one warning line naming the reason)."""
+def read_entry(folder: Path, key: str, factors: dict[str, Any], build: Callable[[Entry], T]) -> T | None:
+    """``build(entry)`` for the entry ``folder/key`` if it is whole and its factors are ``factors``; else None:
+    a missing entry silently, an unusable one with one warning line naming the reason. Whatever fails while
+    the entry is read or built from (a file the manifest leaves out, stored code that does not run) is the
+    entry's failure, never the start's: the caller compiles again and its entry replaces this one."""
     path = folder / key
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
         _check_manifest(path)
@@ -341,18 +362,36 @@ def read_entry(folder: Path, key: str, factors: dict[str, Any]) -> Entry | None:
 
         artifacts = {name: CompiledArtifact.load(path=str(path / f"{name}.bin")) for name in meta["inductor_pieces"]}
         bindings = [tuple(b) for b in meta["bindings"]]
-        return Entry(meta["split"], meta["pieces"], bindings, tuple(meta["outputs"]), artifacts)
+        return build(Entry(meta["split"], meta["pieces"], bindings, tuple(meta["outputs"]), artifacts))
     except Exception as err:  # any failure to read is the entry's, never the start's: compile again
         _warn(f"entry {path} is unusable ({_first_line(err)}); compiling again")
         return None
 
 
-def write_entry(folder: Path, key: str, factors: dict[str, Any], files: dict[str, bytes], artifacts: dict) -> bool:
+def entry_identity(path: Path) -> tuple[int, int] | None:
+    """What is at ``path`` now (inode and change time), to tell later whether another process replaced it."""
+    try:
+        stat = os.lstat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_ctime_ns
+
+
+def write_entry(
+    folder: Path,
+    key: str,
+    factors: dict[str, Any],
+    files: dict[str, bytes],
+    artifacts: dict,
+    refused: tuple[int, int] | None = None,
+) -> bool:
     """Write an entry as ``folder/key`` (module doc: a temporary folder, the manifest last, a rename).
 
     Args:
         files: file name -> contents (``entry.json``); ``factors.json`` is added.
         artifacts: piece name -> Inductor artifact, saved as ``<name>.bin``.
+        refused: :func:`entry_identity` of the entry this start found unusable, which ours replaces; an entry
+            found in its place that is something else, and whole, is another process's: it is kept.
 
     Returns:
         True if this call's entry is now in place; False if the folder could not be written (one warning
@@ -372,17 +411,36 @@ def write_entry(folder: Path, key: str, factors: dict[str, Any], files: dict[str
             data = file.read_bytes()
             manifest[file.name] = [len(data), hashlib.sha256(data).hexdigest()]
         (temporary / _MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if final.exists():  # the entry read_entry refused: set it aside, then take its place
-            trash = folder / f".old-{key}-{uuid.uuid4().hex[:8]}"
+        if os.path.lexists(final):
+            if entry_identity(final) != refused and _is_whole(final):  # another process's came first: keep it
+                _remove(temporary)
+                return False
+            trash = folder / f".old-{key}-{uuid.uuid4().hex[:8]}"  # the entry read_entry refused
             os.rename(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _remove(trash)
         os.rename(temporary, final)
         return True
-    except OSError as err:
-        shutil.rmtree(temporary, ignore_errors=True)
-        if not (final / _MANIFEST).exists():  # else another process renamed its entry into place first
+    except Exception as err:  # a folder that cannot be written, an artifact torch cannot save: run uncached
+        _remove(temporary)
+        if not _is_whole(final):  # else another process renamed its entry into place first
             _warn(f"could not write {final} ({_first_line(err)}); this start is not cached")
         return False
+
+
+def _is_whole(path: Path) -> bool:
+    try:
+        _check_manifest(path)
+        return True
+    except Exception:
+        return False
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder or a file, whichever ``path`` is, if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 class CacheWriter:
@@ -391,12 +449,14 @@ class CacheWriter:
     and writes nothing.
 
     Args:
-        folder, key, factors: where the entry goes and what it is keyed on (:func:`cache_factors`).
+        folder, key, factors: where the entry goes and what it is keyed on (:func:`cache_factors`). Made
+            right after the lookup missed: whatever lies at ``folder/key`` now is what the lookup refused.
         model, args: the model and the arguments of the traced call (to bind the graph's inputs).
     """
 
     def __init__(self, folder: Path, key: str, factors: dict[str, Any], model: nn.Module, args: tuple):
         self.folder, self.key, self.factors = folder, key, factors
+        self._refused = entry_identity(folder / key)  # what the lookup found unusable, if anything
         self._model, self._args = model, args
         self._meta: dict[str, Any] | None = None  # set by a trace whose graph can be stored
         self._artifacts: dict[str, Any] = {}
@@ -452,6 +512,6 @@ class CacheWriter:
         meta = {**self._meta, "outputs": spec, "inductor_pieces": sorted(self._artifacts)}
         self._meta = self._model = self._args = None
         files = {_META: (json.dumps(meta, indent=1) + "\n").encode()}
-        written = write_entry(self.folder, self.key, self.factors, files, self._artifacts)
+        written = write_entry(self.folder, self.key, self.factors, files, self._artifacts, self._refused)
         compilation_counter.num_cache_entries_written += written
         return written

@@ -117,7 +117,8 @@ class CompilationConfig:
       segments, or full graph) and the size that produced it (:mod:`reference.compilation.stale_outputs`;
       torch's graph trees do the same). Costs fresh views per replay; off, nothing runs.
     * ``cache_dir`` ['']: the compile cache's folder (levels 2-3; :mod:`reference.compilation.compile_cache`);
-      empty: ``$REFERENCE_COMPILE_CACHE``, else ``~/.cache/piecewise-reference/torch_compile_cache``.
+      empty: ``$REFERENCE_COMPILE_CACHE``, else ``~/.cache/piecewise-reference/torch_compile_cache``; a relative
+      path is relative to each process's working folder.
       ``REFERENCE_DISABLE_COMPILE_CACHE=1`` turns the cache off. vLLM's field of the same name.
 
     Raises:
@@ -151,6 +152,11 @@ class CompilationConfig:
         if isinstance(self.cache_dir, os.PathLike):
             set_(self, "cache_dir", os.fspath(self.cache_dir))
         check_type("cache_dir", self.cache_dir, str)
+        if "\0" in self.cache_dir or (self.cache_dir and not self.cache_dir.strip()):
+            raise ConfigError(
+                f"cache_dir: expected a folder path (or '' for the default), got {echo(self.cache_dir)}: "
+                "a path holds no NUL character and is not only spaces"
+            )
         set_(self, "custom_ops", string_tuple("custom_ops", self.custom_ops))
         _validate_custom_ops(self.custom_ops)
         if self.splitting_ops is not None:
