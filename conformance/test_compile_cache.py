@@ -23,7 +23,7 @@ import torch
 
 from conformance.driver import prefill_and_decode
 from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
-from reference.compilation import compile_cache, compilation_counter, expect_counters
+from reference.compilation import cache_key, compile_cache, compilation_counter, expect_counters
 from reference.config import CompilationConfig, ConfigError
 
 pytestmark = pytest.mark.requires("compile_cache", "counters")
@@ -34,8 +34,8 @@ SIZES = {"max_num_seqs": 2, "max_model_len": 16, "max_cudagraph_capture_size": 1
 @pytest.fixture
 def cache(monkeypatch, tmp_path) -> Path:
     """The cache turned on, in a folder of the test's own (the default folder is never touched)."""
-    monkeypatch.setenv(compile_cache.DISABLE_ENV, "0")
-    monkeypatch.setenv(compile_cache.FOLDER_ENV, str(tmp_path / "default-folder-unused"))
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "0")
+    monkeypatch.setenv(cache_key.FOLDER_ENV, str(tmp_path / "default-folder-unused"))
     return tmp_path / "cache"
 
 
@@ -104,8 +104,8 @@ def test_the_key_follows_the_source_so_an_edited_file_misses(cache, impl, tmp_pa
     """An entry made before a source file changed must not be served after: the key hashes the package's
     files (here a copy of them, one file edited between the starts)."""
     package = tmp_path / "reference"
-    shutil.copytree(compile_cache._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(compile_cache, "_PACKAGE", package)
+    shutil.copytree(cache_key._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_key, "_PACKAGE", package)
     start(impl, "no_inductor", cache)
     with expect_counters(num_cache_hits=1):
         start(impl, "no_inductor", cache)
@@ -201,7 +201,7 @@ print("LOGITS", torch.stack(logits).sum().item())
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
 def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl):
-    env = {**os.environ, compile_cache.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
     children = [
         subprocess.Popen([sys.executable, "-c", CHILD, str(cache)], env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -221,7 +221,7 @@ def test_factors_json_says_what_the_key_hashes(cache, impl):
     start(impl, "no_inductor", cache)
     (entry,) = entries(cache)
     factors = json.loads((entry / "factors.json").read_text())
-    assert compile_cache.cache_key(factors) == entry.name
+    assert cache_key.cache_key(factors) == entry.name
     assert factors["compilation"]["custom_ops"] == ["all"] and factors["inputs"][0][0] == "torch.int64"
     assert factors["model"]["config"]["rms_norm_eps"] == small_llama_config().rms_norm_eps
     assert "impl=custom" in factors["model"]["modules"] and factors["environment"]["torch"] == torch.__version__
@@ -254,7 +254,7 @@ def test_a_model_whose_inputs_cannot_be_bound_runs_uncached_with_one_warning(cac
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
 def test_the_switch_turns_the_cache_off(cache, impl, monkeypatch):
-    monkeypatch.setenv(compile_cache.DISABLE_ENV, "1")
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "1")
     with expect_counters(num_cache_hits=0, num_cache_misses=0, num_cache_entries_written=0):
         start(impl, "no_inductor", cache)
     assert not cache.exists()
@@ -262,18 +262,18 @@ def test_the_switch_turns_the_cache_off(cache, impl, monkeypatch):
 
 @pytest.mark.requires("components")
 def test_cache_settings_are_checked(monkeypatch, tmp_path):
-    monkeypatch.setenv(compile_cache.DISABLE_ENV, "0")
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "0")
     with pytest.raises(ConfigError, match=r"^cache_dir is set but level=1; .*level 2 or 3"):
         CompilationConfig(level=1, cache_dir="x")
     with pytest.raises(ConfigError, match=r"^cache_dir: expected str, got int 3$"):
         CompilationConfig(cache_dir=3)
     assert CompilationConfig(cache_dir=tmp_path).cache_dir == str(tmp_path)  # a path is a folder too
-    assert compile_cache.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path
-    monkeypatch.setenv(compile_cache.FOLDER_ENV, str(tmp_path / "env"))
-    assert compile_cache.cache_folder(CompilationConfig()) == tmp_path / "env"
-    monkeypatch.setenv(compile_cache.DISABLE_ENV, "yes")
+    assert cache_key.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path
+    monkeypatch.setenv(cache_key.FOLDER_ENV, str(tmp_path / "env"))
+    assert cache_key.cache_folder(CompilationConfig()) == tmp_path / "env"
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "yes")
     with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_COMPILE_CACHE: expected '0' or '1', got 'yes'$"):
-        compile_cache.cache_folder(CompilationConfig())
+        cache_key.cache_folder(CompilationConfig())
 
 
 class _ArtifactTorchCannotSave:
@@ -333,5 +333,5 @@ def test_a_cache_dir_no_folder_can_have_is_refused_when_the_config_is_built(valu
 
 @pytest.mark.requires("components")
 def test_an_empty_switch_reads_as_unset(monkeypatch, tmp_path):
-    monkeypatch.setenv(compile_cache.DISABLE_ENV, "")
-    assert compile_cache.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "")
+    assert cache_key.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path

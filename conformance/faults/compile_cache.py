@@ -7,9 +7,9 @@ import json
 from unittest import mock
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import capture, compile_cache
+from reference.compilation import cache_key, capture, compile_cache
 
-_real_cache_factors = compile_cache.cache_factors
+_real_cache_factors = cache_key.cache_factors
 
 
 def _key_without(edit):

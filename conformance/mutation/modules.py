@@ -65,7 +65,7 @@ MODULES: dict[str, Module] = {
         ),
     ),
     "compilation.cache": Module(
-        sources=("reference/compilation/compile_cache.py",),
+        sources=("reference/compilation/cache_key.py", "reference/compilation/compile_cache.py"),
         tests=("conformance/test_compile_cache.py",),
     ),
     "config": Module(

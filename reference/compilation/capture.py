@@ -30,15 +30,8 @@ from torch import nn
 
 from reference.compilation.backend import PiecewiseBackend, check_splitting_ops_exist
 from reference.compilation.breakable import BreakableCUDAGraphs
-from reference.compilation.compile_cache import (
-    CacheWriter,
-    bound_call,
-    cache_factors,
-    cache_folder,
-    cache_key,
-    read_entry,
-    uncachable,
-)
+from reference.compilation.cache_key import cache_factors, cache_folder, cache_key, uncachable
+from reference.compilation.compile_cache import CacheWriter, bound_call, read_entry
 from reference.compilation.counters import compilation_counter
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.compilation.stale_outputs import StaleOutputGuard
