@@ -335,3 +335,58 @@ def test_a_cache_dir_no_folder_can_have_is_refused_when_the_config_is_built(valu
 def test_an_empty_switch_reads_as_unset(monkeypatch, tmp_path):
     monkeypatch.setenv(cache_key.DISABLE_ENV, "")
     assert cache_key.cache_folder(CompilationConfig(cache_dir=str(tmp_path))) == tmp_path
+
+
+class _ReturnsTwo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 64))
+
+    def forward(self, x):
+        return x * self.weight, x + 1
+
+
+class _ReturnsADict(_ReturnsTwo):
+    def forward(self, x):
+        return {"scaled": x * self.weight}
+
+
+def _two_starts(model_cls, cache):
+    """A cold and a warm start of a fresh ``model_cls()`` each, at level 2 without Inductor; their outputs."""
+    from reference.compilation import compile_model
+
+    config = CompilationConfig(level=2, use_inductor=False, cache_dir=str(cache))
+    x = torch.arange(3 * 64, dtype=torch.float32).reshape(3, 64)
+    return [compile_model(model_cls(), config)(x) for _ in range(2)]
+
+
+@pytest.mark.requires("components")
+def test_a_model_returning_a_tuple_is_served_the_same_tuple(cache, impl):
+    with expect_counters(num_cache_misses=1, num_cache_hits=1, num_cache_entries_written=1):
+        cold, warm = _two_starts(_ReturnsTwo, cache)
+    assert isinstance(warm, tuple) and len(warm) == 2
+    assert all(torch.equal(c, w) for c, w in zip(cold, warm))
+
+
+@pytest.mark.requires("components")
+def test_a_model_returning_what_is_not_graph_outputs_runs_uncached_with_one_warning(cache, impl):
+    """Dynamo builds the dict outside the graph; a warm start, which runs only the graph, could not."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with expect_counters(num_cache_misses=2, num_cache_hits=0, num_cache_entries_written=0):
+            cold, again = _two_starts(_ReturnsADict, cache)
+    said = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(said) == 2 and all("the model returned dict" in s and "not cached" in s for s in said), said
+    assert torch.equal(cold["scaled"], again["scaled"]) and entries(cache) == []
+
+
+@pytest.mark.requires("components")
+def test_a_graph_that_reads_its_own_attributes_is_not_stored_as_code():
+    """Dynamo's graphs take parameters as inputs; a graph with a get_attr (here one FX traced itself) would
+    need the attribute its stored code cannot hold."""
+    traced = torch.fx.symbolic_trace(_ReturnsTwo())
+    assert compile_cache.module_source(traced) == (
+        "graph module reads get_attr 'weight', which the stored code cannot hold"
+    )
+    stored = compile_cache.module_source(torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1))
+    assert torch.equal(compile_cache.StoredModule(stored)(torch.tensor([-1.0, 2.0])), torch.tensor([1.0, 3.0]))
