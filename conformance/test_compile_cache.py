@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,11 @@ def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, imp
         with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
             again = start(impl, "no_inductor", cache)
     said = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    warned = [w for w in caught if "compile cache" in str(w.message)]
+    assert {w.category for w in warned} == {RuntimeWarning}
+    # the line names the entry and what was wrong with it, the error's kind first
+    kinds = "ValueError|JSONDecodeError|FileNotFoundError|NotADirectoryError|KeyError"
+    assert re.search(rf"entry \S+ is unusable \(({kinds}): ", said[0]), said
     assert len(said) == 1 and "unusable" in said[0] and "\n" not in said[0], said
     assert all(torch.equal(a, b) for a, b in zip(cold, again))
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # the refused entry is gone
@@ -387,6 +393,10 @@ def test_a_graph_that_reads_its_own_attributes_is_not_stored_as_code():
     traced = torch.fx.symbolic_trace(_ReturnsTwo())
     assert compile_cache.module_source(traced) == (
         "graph module reads get_attr 'weight', which the stored code cannot hold"
+    )
+    nested = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU())))
+    assert compile_cache.module_source(nested) == (
+        "graph module reads call_module '0.0', which the stored code cannot hold"
     )
     stored = compile_cache.module_source(torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1))
     assert torch.equal(compile_cache.StoredModule(stored)(torch.tensor([-1.0, 2.0])), torch.tensor([1.0, 3.0]))
