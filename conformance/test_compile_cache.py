@@ -372,6 +372,10 @@ def test_a_model_returning_a_tuple_is_served_the_same_tuple(cache, impl):
         cold, warm = _two_starts(_ReturnsTwo, cache)
     assert isinstance(warm, tuple) and len(warm) == 2
     assert all(torch.equal(c, w) for c, w in zip(cold, warm))
+    # the model's class lives outside the package: its own file is hashed into the key too
+    (entry,) = entries(cache)
+    sources = json.loads((entry / "factors.json").read_text())["source"]
+    assert set(sources) == {"reference", str(Path(__file__).resolve())}, sources
 
 
 @pytest.mark.requires("components")
