@@ -136,7 +136,7 @@ def module_source(gm: torch.fx.GraphModule) -> dict[str, str] | str:
 
 class StoredModule:
     """A stored GraphModule's ``forward`` run as plain Python, with no FX graph built (building one means
-    tracing its code again: about 0.5 s for a 32-layer model's 66 modules on a CPU core).
+    tracing its code again, which made most of a warm start: perf/NOTES.md, v15).
 
     Args:
         source: :func:`module_source`'s dict.
