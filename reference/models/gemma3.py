@@ -10,7 +10,7 @@ Same computation as transformers' ``Gemma3ForCausalLM`` (the oracle). What diffe
 * Layers are local (``'sliding_attention'``: a query sees the last ``sliding_window`` keys, itself included)
   or global (``'full_attention'``), per ``config.layer_types``; each kind has its own RoPE (local: plain
   RoPE with base ``rope_local_base_freq``; global: ``rope_theta`` with the config's scaling, e.g. linear
-  x8 in Gemma 3 4B). Frequencies come from transformers' ``Gemma3RotaryEmbedding``.
+  x8 in Gemma 3 4B). Frequencies are transformers' (:mod:`reference.models.rope`).
 * Token embeddings are multiplied by ``sqrt(hidden_size)``, rounded to the activation dtype first (as
   transformers does), and the MLP is GELU(tanh)-gated.
 * Logits may be soft-capped: ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set.
@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import Gemma3TextConfig
-from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
 from reference.models.llama import LlamaForCausalLM, LlamaMLP, head_dim
 from reference.models.qwen3 import Qwen3Attention
+from reference.models.rope import rope_frequencies
 from reference.ops import Attention, CustomOpSelection, GeluTanhAndMul, RMSNorm, RotaryEmbedding
 from reference.parallel import VocabParallelEmbedding
 
@@ -40,19 +40,12 @@ def gemma3_rotary(config: Gemma3TextConfig, ops: CustomOpSelection) -> dict[str,
     """One RoPE per layer type in ``config.layer_types``, with transformers' frequencies and scaling.
 
     Raises:
-        RuntimeError: the installed transformers' ``Gemma3RotaryEmbedding`` does not keep per-layer-type
-            frequencies (``<layer_type>_inv_freq``), as transformers 5.x does.
+        ValueError: ``config.rope_parameters`` has no RoPE settings for a layer type, or names an unknown kind
+            (:func:`rope_frequencies`).
     """
-    hf_rope = Gemma3RotaryEmbedding(config)
     tables = {}
     for layer_type in sorted(set(config.layer_types)):
-        inv_freq = getattr(hf_rope, f"{layer_type}_inv_freq", None)
-        if inv_freq is None:
-            raise RuntimeError(
-                f"transformers' Gemma3RotaryEmbedding has no '{layer_type}_inv_freq'; this code reads the "
-                "per-layer-type RoPE of transformers 5.x"
-            )
-        scaling = getattr(hf_rope, f"{layer_type}_attention_scaling")
+        inv_freq, scaling = rope_frequencies(config, head_dim(config), layer_type)
         tables[layer_type] = RotaryEmbedding(ops, head_dim(config), config.max_position_embeddings, inv_freq, scaling)
     return tables
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from reference import parallel
+from reference.models.rope import rope_frequencies
 from reference.ops import Attention, CustomOp, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
 from reference.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
@@ -30,11 +30,13 @@ def head_dim(config: LlamaConfig) -> int:
 
 
 def llama_rotary(config: LlamaConfig, ops: CustomOpSelection) -> RotaryEmbedding:
-    """RoPE with transformers' frequencies for ``config`` (default or llama3-scaled), one per model."""
-    hf_rope = LlamaRotaryEmbedding(config)
-    return RotaryEmbedding(
-        ops, head_dim(config), config.max_position_embeddings, hf_rope.inv_freq, hf_rope.attention_scaling
-    )
+    """RoPE with transformers' frequencies for ``config`` (default or llama3-scaled), one per model.
+
+    Raises:
+        ValueError: ``config.rope_parameters`` is missing or names an unknown kind (:func:`rope_frequencies`).
+    """
+    inv_freq, scaling = rope_frequencies(config, head_dim(config))
+    return RotaryEmbedding(ops, head_dim(config), config.max_position_embeddings, inv_freq, scaling)
 
 
 class LlamaAttention(nn.Module):
