@@ -1,7 +1,7 @@
 """The conformance suite's set-up: the implementation under test, capability skips, mode markers.
 
-* ``--impl NAME`` (registered in the root conftest.py) picks the implementation (conformance/implementation.py); every test that needs it takes
-  the ``impl`` fixture, and ``impl.activate()`` is entered around every test.
+* ``--impl NAME`` (registered in the root conftest.py) picks the implementation (conformance/implementation.py);
+  every test that needs it takes the ``impl`` fixture, and ``impl.activate()`` is entered around every test.
 * ``@pytest.mark.requires(capability, ...)``: skipped, with the reason, for an implementation without it.
   A config an implementation raises ``Unsupported`` for is a skip with its reason too.
 * Mode markers (``eager``, ``breakable``, ``no_inductor``, ``inductor``, ``no_inductor_full``,
@@ -11,6 +11,8 @@
   model's mode is recorded, and a test that ran a mode it is not marked with errors at teardown, so
   ``-m no_inductor`` (and ``-k no_inductor``, which matches marker names) select exactly the tests that
   run it. A test id containing ``no_inductor`` without the marker is refused at collection.
+* Order: the long units of work (conformance/work_units.py) first, then the other ``slow`` tests, then the
+  rest, each group in collection order: xdist hands tests out in this order.
 * At the end: a per-rule summary (conformance/report.py, registered by the root conftest.py so that the
   xdist controller has it too).
 """
@@ -21,6 +23,7 @@ import pytest
 
 from conformance.implementation import CAPABILITIES, Unsupported
 from conformance.report import IMPLEMENTATION, rule_of
+from conformance.work_units import is_long, scope_of
 from reference.compilation.capture import CompiledModel
 from reference.config import BASE_MODE, MODES, mode_of
 
@@ -41,9 +44,9 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid}: its id says no_inductor but it is not marked no_inductor, so -k no_inductor would "
                 "select a test that does not run the mode; rename it or mark it"
             )
-    # Slow tests first (a stable sort keeps the rest in order): xdist hands tests out in this order, and a
-    # two-minute test handed out last would run alone at the end while the other workers idle.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # The long units first, then the other slow tests (a stable sort keeps the rest in order): xdist hands tests
+    # out in this order, and a two-minute test handed out last would run alone at the end while the others idle.
+    items.sort(key=lambda item: (not is_long(scope_of(item.nodeid)), item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ transformers' greedy oracle and each mode's generation of the real model (confor
 This is xdist's recipe for a session-wide value, and it holds under any ``-n`` and ``--dist``: the first
 worker that needs the value computes it under a file lock in the session's shared temporary folder and
 saves it there; the others wait for the lock and read the file. So that they rarely wait, the suite hands
-the tests that read one value to one worker together (conformance/scheduling.py).
+the tests that read one value to one worker together (conformance/work_units.py).
 """
 
 from __future__ import annotations
