@@ -81,7 +81,8 @@ def render(rows: dict[str, dict[str, object]]) -> str:
     lines = [
         "# Mutation testing results",
         "",
-        "Written by `./run mutate` (conformance/mutation/summary.py) from `mutmut results`; do not edit by hand.",
+        "Written by `./run mutate` (conformance/mutation/summary.py) from `mutmut results`, and the row",
+        "`cuda (hand-written)` by `python -m conformance.mutation.cuda` on a GPU machine; do not edit by hand.",
         "Score = (killed + timeout) / (killed + timeout + survived + no tests);",
         "equivalent mutants (conformance/mutation/equivalent.txt) are left out.",
         "",

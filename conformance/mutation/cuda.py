@@ -1,0 +1,154 @@
+"""``python -m conformance.mutation.cuda [--jobs N] [--only NAME,...] [--list]``: the CUDA mutation score.
+
+mutmut cannot reach the code that runs only on CUDA. Triton compiles a ``@triton.jit`` kernel from its source
+text, while mutmut switches its mutants at run time through trampolines that Triton cannot compile; and CI has no
+GPU to run the CUDA-graph paths. So that code has a hand-written set (conformance/mutation/cuda_mutants.py), run
+on a GPU machine: for each mutant, a copy of the tree in a temporary folder, the one edit applied, and the
+mutant's test files run there with ``-m gpu -x`` in a process of their own, ``--jobs`` mutants at once. The
+unmutated copy runs every file first; if it fails, nothing is counted. Verdicts as mutmut's: killed (a test
+failed), survived (every test passed), timeout, no tests (the selection was empty), other (pytest could not
+run, or the edit's text is not in the file once). The row goes to results.json and RESULTS.md as module
+``cuda (hand-written)`` (conformance/mutation/summary.py), with the surviving mutants named.
+
+Exit status 2 for bad arguments or no CUDA device, 1 when the unmutated tree fails its tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from conformance import cores
+from conformance.mutation import summary
+from conformance.mutation.cuda_mutants import MUTANTS, Mutant
+from conformance.mutation.workspace import LINKED, ROOT
+from reference.benchmark.cli import OneLineParser
+
+MODULE = "cuda (hand-written)"  # the row's name in results.json
+TREE = (*LINKED, "pyproject.toml")  # what a mutant's copy holds: the package, the tests and what they read
+VERDICTS = {0: "survived", 1: "killed", 5: "no tests"}  # pytest's exit status -> verdict; others: "other"
+
+
+def copy_tree(into: Path) -> Path:
+    """Copy the tree's package, tests and data (``TREE``) into ``into``; returns ``into``."""
+    for name in TREE:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, into / name, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+        else:
+            shutil.copy2(source, into / name)
+    return into
+
+
+def apply(mutant: Mutant, tree: Path) -> str | None:
+    """Make ``mutant``'s edit in ``tree``; None, or why it cannot (its text is not in the file exactly once)."""
+    path = tree / mutant.path
+    text = path.read_text()
+    found = text.count(mutant.old)
+    if found != 1:
+        return f"{mutant.name}: its text is in {mutant.path} {found} times, expected once"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return None
+
+
+def pytest_command(tests: tuple[str, ...], marker: str) -> list[str]:
+    """The pytest run of ``tests`` (selected by ``-m marker``) that judges a mutant: stops at the first failure."""
+    return [sys.executable, "-m", "pytest", *tests, "-m", marker, "-x", "-q", "-p", "no:cacheprovider",
+            "-p", "no:xdist"]  # fmt: skip
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], marker: str, jobs: int, timeout: float) -> tuple[str, str]:
+    """Run ``tests`` in ``tree``; (verdict, the output's last lines)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = str(tree)  # the copy's package, whatever else is installed
+    for name, value in cores.shared(max(1, len(os.sched_getaffinity(0)) // jobs), env).items():
+        env.setdefault(name, value)
+    try:
+        run = subprocess.run(pytest_command(tests, marker), cwd=tree, env=env, capture_output=True, text=True,
+                             timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "timeout", f"no verdict after {timeout:.0f} s"
+    tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-6:])
+    return VERDICTS.get(run.returncode, "other"), tail
+
+
+def judge(mutant: Mutant, marker: str, jobs: int, timeout: float) -> tuple[str, str]:
+    """``mutant``'s verdict and the output's last lines (or why its edit did not apply)."""
+    with tempfile.TemporaryDirectory(prefix="cuda-mutant-") as folder:
+        tree = copy_tree(Path(folder))
+        refused = apply(mutant, tree)
+        if refused:
+            return "other", refused
+        return run_tests(tree, mutant.tests, marker, jobs, timeout)
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return os.environ.get("REFERENCE_COMMIT", "")[:7] or head.stdout.strip() or "unknown"
+
+
+def _arguments(argv: list[str]):
+    parser = OneLineParser(prog="python -m conformance.mutation.cuda", description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1) - 2),
+                        help="mutants run at once (default: the cores but two)")  # fmt: skip
+    parser.add_argument("--only", default=None, help="comma-separated mutant names (default: all; --list names them)")
+    parser.add_argument("--list", action="store_true", help="print the mutants' names and what each breaks, and exit")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a mutant's run may take (default 900)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected an int >= 1, got {args.jobs}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout: expected seconds > 0, got {args.timeout}")
+    names = [name.strip() for name in args.only.split(",")] if args.only is not None else []
+    unknown = sorted(set(names) - {m.name for m in MUTANTS})
+    if args.only is not None and (unknown or "" in names):
+        parser.error(f"--only: unknown mutant(s) {unknown or [args.only]}; --list prints the names")
+    args.mutants = [m for m in MUTANTS if not names or m.name in names]
+    return parser, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = _arguments(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        print("\n".join(f"{m.name}  {m.what}" for m in args.mutants))
+        return 0
+    import torch  # here: --help, --list and argument errors stay instant
+
+    if not torch.cuda.is_available():
+        parser.error(f"torch {torch.__version__} sees no CUDA device; the CUDA mutants run on a GPU machine")
+    tests = tuple(dict.fromkeys(test for m in args.mutants for test in m.tests))
+    with tempfile.TemporaryDirectory(prefix="cuda-mutant-") as folder:
+        verdict, tail = run_tests(copy_tree(Path(folder)), tests, "gpu", 1, args.timeout)
+    if verdict != "survived":  # every test passes on the unmutated tree
+        print(f"the unmutated tree fails its tests ({verdict}); nothing counted:\n{tail}", file=sys.stderr)
+        return 1
+
+    def timed(mutant):
+        start = time.perf_counter()
+        return (*judge(mutant, "gpu", args.jobs, args.timeout), time.perf_counter() - start)
+
+    statuses = {}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for mutant, (verdict, tail, seconds) in zip(args.mutants, pool.map(timed, args.mutants)):
+            statuses[mutant.name] = verdict
+            print(f"{mutant.name} {verdict} in {seconds:.1f} s ({mutant.what})", flush=True)
+            if verdict == "other":
+                print(tail, file=sys.stderr)
+    row = summary.count(statuses, summary.load_equivalent())
+    provenance = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "mutmut": "hand-written",
+                  "commit": _commit()}  # fmt: skip
+    summary.record(MODULE, {**provenance, **row})
+    print(f"\n{MODULE}: {row['killed']} killed, {row['timeout']} timeout, {row['survived']} survived, "
+          f"{row['no tests']} no tests, {row['other']} other: score {100 * row['score']:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""``python -m conformance.mutation.cuda``: the hand-written CUDA mutants still apply, and the runner judges as
+mutmut does. The mutants themselves run on a GPU machine; here the machinery runs on a CPU edit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.mutation import cuda
+from conformance.mutation.cuda_mutants import MUTANTS, Mutant
+
+pytestmark = pytest.mark.requires("components")
+
+ROOT = Path(__file__).resolve().parents[1]
+ROPE = "reference/models/rope.py"
+
+
+def test_every_mutant_edits_text_that_is_in_its_file_once_and_names_tests_that_exist():
+    """A refactor that moves a mutant's line would turn it into an 'other' on the GPU machine, found too late."""
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS) and all(m.name.startswith("cuda.") for m in MUTANTS)
+    for mutant in MUTANTS:
+        assert (ROOT / mutant.path).read_text().count(mutant.old) == 1, mutant.name
+        assert mutant.new != mutant.old and mutant.what, mutant.name
+        assert mutant.tests and all((ROOT / test).is_file() for test in mutant.tests), mutant.name
+
+
+def _rope_mutant(old: str, new: str) -> Mutant:
+    return Mutant("cpu.rope", ROPE, old, new, ("conformance/test_rope.py",), "a CPU stand-in")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "marker", "verdict"),
+    [
+        ('return 1.0 / (params["rope_theta"] ** exponents), 1.0', 'return params["rope_theta"] ** -exponents, 1.0',
+         "not gpu", "killed"),  # the same frequencies, rounded otherwise: test_rope compares bitwise
+        ("UNSCALED = \"default\"  # transformers' name", "UNSCALED = \"default\"  # the name", "not gpu", "survived"),
+        ("UNSCALED = \"default\"  # transformers' name", "UNSCALED = \"default\"  # the name", "gpu", "no tests"),
+        ("text that is not in the file", "anything", "not gpu", "other"),
+    ],
+    ids=["killed", "survived", "no-tests", "stale"],
+)  # fmt: skip
+def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker, verdict):
+    before = (ROOT / ROPE).read_text()
+    got, tail = cuda.judge(_rope_mutant(old, new), marker, jobs=2, timeout=300)
+    assert got == verdict, tail
+    assert (ROOT / ROPE).read_text() == before  # the edit was made in the copy only
+    if verdict == "other":
+        assert tail == f"cpu.rope: its text is in {ROPE} 0 times, expected once"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--only", "cuda.nope"], "--only: unknown mutant(s) ['cuda.nope']; --list prints the names"),
+        (["--only", ""], "--only: unknown mutant(s) ['']; --list prints the names"),
+        (["--jobs", "0"], "--jobs: expected an int >= 1, got 0"),
+        (["--timeout", "-1"], "--timeout: expected seconds > 0, got -1.0"),
+    ],
+)
+def test_bad_arguments_are_one_line_with_exit_status_2(args, message):
+    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", *args], cwd=ROOT, capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
+
+
+def test_list_names_every_mutant_and_what_it_breaks():
+    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", "--list"], cwd=ROOT, capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"{m.name}  {m.what}" for m in MUTANTS]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_without_a_cuda_device_it_refuses_in_one_line():
+    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", "--only", MUTANTS[0].name], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sees no CUDA device" in run.stderr, run.stderr
