@@ -45,7 +45,8 @@ def _rope_mutant(old: str, new: str) -> Mutant:
 )  # fmt: skip
 def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker, verdict):
     before = (ROOT / ROPE).read_text()
-    got, tail = cuda.judge(_rope_mutant(old, new), marker, jobs=2, timeout=300)
+    mutant = _rope_mutant(old, new)
+    got, tail = cuda.judge(mutant, mutant.tests, marker, jobs=2, timeout=300)
     assert got == verdict, tail
     assert (ROOT / ROPE).read_text() == before  # the edit was made in the copy only
     if verdict == "other":
@@ -79,3 +80,29 @@ def test_without_a_cuda_device_it_refuses_in_one_line():
     run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", "--only", MUTANTS[0].name], cwd=ROOT,
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sees no CUDA device" in run.stderr, run.stderr
+
+
+def _main_with(verdicts, monkeypatch):
+    """cuda.main over MUTANTS[:3] with each run's verdict from ``verdicts`` (keyed by mutant name, None for an
+    unmutated tree) and the CUDA check passed; returns (exit status, the row it recorded or None)."""
+    recorded = {}
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(cuda, "judge", lambda mutant, *rest: (verdicts[mutant and mutant.name], "its output"))
+    monkeypatch.setattr(cuda.summary, "record", lambda module, row: recorded.update({module: row}))
+    status = cuda.main(["--jobs", "2", "--only", ",".join(m.name for m in MUTANTS[:3])])
+    return status, recorded.get(cuda.MODULE)
+
+
+def test_the_row_counts_each_verdict_and_names_the_survivors(monkeypatch):
+    first, second, third = (m.name for m in MUTANTS[:3])
+    status, row = _main_with({None: "survived", first: "killed", second: "survived", third: "timeout"}, monkeypatch)
+    assert status == 0
+    assert (row["killed"], row["survived"], row["timeout"], row["mutants"]) == (1, 1, 1, 3)
+    assert row["open"] == [f"{second}: survived"] and row["score"] == round(2 / 3, 4)
+    assert row["mutmut"] == "hand-written"
+
+
+def test_nothing_is_counted_when_the_unmutated_tree_fails_its_tests(monkeypatch, capsys):
+    status, row = _main_with({None: "killed", **{m.name: "killed" for m in MUTANTS[:3]}}, monkeypatch)
+    assert status == 1 and row is None
+    assert "the unmutated tree fails its tests; nothing counted" in capsys.readouterr().err

@@ -1,14 +1,15 @@
-"""``python -m conformance.mutation.cuda [--jobs N] [--only NAME,...] [--list]``: the CUDA mutation score.
+"""``python -m conformance.mutation.cuda [--jobs N] [--only NAMES] [--list]``: the CUDA mutation score.
 
 mutmut cannot reach the code that runs only on CUDA. Triton compiles a ``@triton.jit`` kernel from its source
 text, while mutmut switches its mutants at run time through trampolines that Triton cannot compile; and CI has no
 GPU to run the CUDA-graph paths. So that code has a hand-written set (conformance/mutation/cuda_mutants.py), run
 on a GPU machine: for each mutant, a copy of the tree in a temporary folder, the one edit applied, and the
-mutant's test files run there with ``-m gpu -x`` in a process of their own, ``--jobs`` mutants at once. The
-unmutated copy runs every file first; if it fails, nothing is counted. Verdicts as mutmut's: killed (a test
-failed), survived (every test passed), timeout, no tests (the selection was empty), other (pytest could not
-run, or the edit's text is not in the file once). The row goes to results.json and RESULTS.md as module
-``cuda (hand-written)`` (conformance/mutation/summary.py), with the surviving mutants named.
+mutant's test files run there with ``-m gpu -x`` in a process of their own, ``--jobs`` mutants at once. An
+unmutated copy runs each selection of test files beside them; if one fails, nothing is counted. Verdicts as
+mutmut's: killed (a test failed), survived (every test passed), timeout, no tests (the selection was
+empty), other (pytest could not run, or the edit's text is not in the file once). The row goes to
+results.json and RESULTS.md as module ``cuda (hand-written)`` (conformance/mutation/summary.py), with the
+surviving mutants named.
 
 Exit status 2 for bad arguments or no CUDA device, 1 when the unmutated tree fails its tests.
 """
@@ -79,14 +80,15 @@ def run_tests(tree: Path, tests: tuple[str, ...], marker: str, jobs: int, timeou
     return VERDICTS.get(run.returncode, "other"), tail
 
 
-def judge(mutant: Mutant, marker: str, jobs: int, timeout: float) -> tuple[str, str]:
-    """``mutant``'s verdict and the output's last lines (or why its edit did not apply)."""
+def judge(mutant: Mutant | None, tests: tuple[str, ...], marker: str, jobs: int, timeout: float) -> tuple[str, str]:
+    """The verdict of ``tests`` on a copy of the tree with ``mutant``'s edit (None: unmutated) and the output's
+    last lines (or why the edit did not apply)."""
     with tempfile.TemporaryDirectory(prefix="cuda-mutant-") as folder:
         tree = copy_tree(Path(folder))
-        refused = apply(mutant, tree)
+        refused = apply(mutant, tree) if mutant is not None else None
         if refused:
             return "other", refused
-        return run_tests(tree, mutant.tests, marker, jobs, timeout)
+        return run_tests(tree, tests, marker, jobs, timeout)
 
 
 def _commit() -> str:
@@ -123,24 +125,31 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error(f"torch {torch.__version__} sees no CUDA device; the CUDA mutants run on a GPU machine")
-    tests = tuple(dict.fromkeys(test for m in args.mutants for test in m.tests))
-    with tempfile.TemporaryDirectory(prefix="cuda-mutant-") as folder:
-        verdict, tail = run_tests(copy_tree(Path(folder)), tests, "gpu", 1, args.timeout)
-    if verdict != "survived":  # every test passes on the unmutated tree
-        print(f"the unmutated tree fails its tests ({verdict}); nothing counted:\n{tail}", file=sys.stderr)
-        return 1
+    # the unmutated tree runs each test selection too, side by side with the mutants (a selection takes minutes)
+    jobs = [(None, tests) for tests in dict.fromkeys(m.tests for m in args.mutants)]
+    jobs += [(m, m.tests) for m in args.mutants]
 
-    def timed(mutant):
+    def timed(job):
         start = time.perf_counter()
-        return (*judge(mutant, "gpu", args.jobs, args.timeout), time.perf_counter() - start)
+        return (*judge(*job, "gpu", args.jobs, args.timeout), time.perf_counter() - start)
 
-    statuses = {}
+    statuses, unmutated = {}, []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for mutant, (verdict, tail, seconds) in zip(args.mutants, pool.map(timed, args.mutants)):
+        futures = {pool.submit(timed, job): job for job in jobs}
+        for future in concurrent.futures.as_completed(futures):  # printed as they end: a run cut short keeps them
+            (mutant, tests), (verdict, tail, seconds) = futures[future], future.result()
+            if mutant is None:  # every test of the selection passes on the unmutated tree
+                print(f"unmutated tree, {len(tests)} test files: {verdict} in {seconds:.1f} s", flush=True)
+                if verdict != "survived":
+                    unmutated.append(tail)
+                continue
             statuses[mutant.name] = verdict
             print(f"{mutant.name} {verdict} in {seconds:.1f} s ({mutant.what})", flush=True)
             if verdict == "other":
                 print(tail, file=sys.stderr)
+    if unmutated:
+        print("the unmutated tree fails its tests; nothing counted:\n" + "\n".join(unmutated), file=sys.stderr)
+        return 1
     row = summary.count(statuses, summary.load_equivalent())
     provenance = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "mutmut": "hand-written",
                   "commit": _commit()}  # fmt: skip
