@@ -24,6 +24,25 @@ TINY_RUN = ["--batch-size", "2", "--input-len", "3", "--output-len", "2", "--num
 LONG = "x" * 100_000  # a pasted blob: error messages must not echo all of it
 
 
+@pytest.mark.no_inductor
+def test_a_compile_served_by_the_compile_cache_is_recorded_and_marked_in_the_table(tmp_path, monkeypatch):
+    """A second run reads its compile from the cache the first left: its compile_s is a cache read, and the
+    JSON and the table say so (a table that did not would show a warm start as the mode's compile time)."""
+    monkeypatch.setenv("REFERENCE_DISABLE_COMPILE_CACHE", "0")
+    monkeypatch.setenv("REFERENCE_COMPILE_CACHE", str(tmp_path / "cache"))
+    docs, tables = [], []
+    for run in ("cold", "warm"):
+        out = tmp_path / f"{run}.json"
+        main(["--model", "llama-tiny", *TINY_RUN, "--modes", "no_inductor", "--device", "cpu", "--output-json",
+              str(out), "--results-dir", str(tmp_path / run)])  # fmt: skip
+        docs.append(json.loads(out.read_text()))
+        (md_file,) = (tmp_path / run).glob("llama-tiny-*.md")
+        tables.append([line for line in md_file.read_text().splitlines() if line.startswith("| no_inductor ")])
+    assert [doc["results"][0]["startup"]["compile_cache_hits"] for doc in docs] == [0, 1]
+    compile_cells = [row[0].split("|")[8].strip() for row in tables]
+    assert not compile_cells[0].endswith("(cached)") and compile_cells[1].endswith(" (cached)"), compile_cells
+
+
 @pytest.mark.eager
 @pytest.mark.no_inductor
 def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_path, capsys):

@@ -278,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
 
     The JSON document: ``{"model", "settings", "weight_bytes_per_decode_step", "bandwidth_Bps",
     "bandwidth_method", "results": [{"mode", "kind" ('engine' | 'baseline'), "latency_s": {"avg", "p50",
-    "p90"}, "iters", "startup": {...}, "tokens_per_s", "floor_s", "x_floor", "speedup_vs" (engine),
+    "p90"}, "iters", "startup": {"load_s", "compile_s", "compile_cache_hits" (entries the compile cache served:
+    a warm start), "capture_s", "graph_gib", "capture_sizes", "full_capture_sizes"} (engine; a baseline's is
+    {"first_call_s"}), "tokens_per_s", "floor_s", "x_floor", "speedup_vs" (engine),
     "same_tokens_as_first", ...}], "env": {"gpu", "cpu" (model name), "cpu_count", "threads" (torch's),
     "load_avg" (after the run) and "load_avg_at_start" (1, 5, 15 min), "gpu_clocks" (MHz, from nvidia-smi),
     "torch", "transformers", "custom_op_kernels" ('triton' | 'torch'), "date", "command"}}``.

@@ -182,6 +182,7 @@ def _time_mode(args, mode: str, llm: LLM, prompts, params, device) -> tuple[dict
         "startup": {
             "load_s": llm.load_s,
             "compile_s": llm.startup.compile_s,
+            "compile_cache_hits": llm.startup.compile_cache_hits,
             "capture_s": llm.startup.capture_s,
             "graph_gib": llm.startup.graph_gib,
             "capture_sizes": list(llm.startup.capture_sizes),

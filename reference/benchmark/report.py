@@ -19,7 +19,8 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
-    """One row per mode and baseline: latencies (s), floor ratio, start-up costs, speedups."""
+    """One row per mode and baseline: latencies (s), floor ratio, start-up costs (a compile that the project's
+    compile cache served reads "(cached)"), speedups."""
     baselines = [r["mode"] for r in doc["results"] if r["kind"] == "baseline"]
     first = doc["results"][0]["mode"]
     head = ["mode", "avg s", "p50 s", "p90 s", "tok/s", "floor s", "p50/floor", "compile s", "capture s", "graph GiB"]
@@ -32,8 +33,9 @@ def markdown_table(doc: dict[str, Any]) -> str:
         if r["kind"] == "engine":
             compiles = r["compilation_config"]["level"] > 0  # eager compiles nothing: its first call is no compile
             captures = bool(st["capture_sizes"])
+            cached = " (cached)" if st.get("compile_cache_hits") else ""  # files before 2026-12-03 lack the field
             row += [
-                _fmt(st["compile_s"] if compiles else None, ".2f"),
+                _fmt(st["compile_s"] if compiles else None, ".2f") + (cached if compiles else ""),
                 _fmt(st["capture_s"] if captures else None, ".2f"),
             ]
             row += [_fmt(st["graph_gib"] if captures else None, ".3f")]
