@@ -106,3 +106,15 @@ def test_nothing_is_counted_when_the_unmutated_tree_fails_its_tests(monkeypatch,
     status, row = _main_with({None: "killed", **{m.name: "killed" for m in MUTANTS[:3]}}, monkeypatch)
     assert status == 1 and row is None
     assert "the unmutated tree fails its tests; nothing counted" in capsys.readouterr().err
+
+
+def test_the_mutants_runs_select_the_cuda_cases_but_not_those_that_need_the_device_alone():
+    graph_tests = next(m.tests for m in MUTANTS if m.path.endswith("cuda_graph.py"))
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                          cuda.MARKER, *graph_tests], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert run.returncode == 0 and ids, run.stdout[-2000:]
+    every = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                            "device_memory", *graph_tests], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    memory = {line for line in every.stdout.splitlines() if "::" in line}
+    assert memory and not memory & set(ids), sorted(memory & set(ids))  # device-memory tests exist, none selected
