@@ -404,3 +404,48 @@ def test_a_graph_that_reads_its_own_attributes_is_not_stored_as_code():
     )
     stored = compile_cache.module_source(torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1))
     assert torch.equal(compile_cache.StoredModule(stored)(torch.tensor([-1.0, 2.0])), torch.tensor([1.0, 3.0]))
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: the key's device factor without a GPU."""
+
+    is_cuda = True
+
+
+def _factors(*args, config=None):
+    return cache_key.cache_factors(torch.nn.Linear(3, 2), config or CompilationConfig(level=3), args)
+
+
+@pytest.mark.requires("components")
+def test_the_device_factor_names_the_gpu_and_its_compute_capability(monkeypatch):
+    """An entry compiled for one GPU (its Triton and Inductor kernels target its architecture) must miss on
+    another: the device factor holds the name and the compute capability of the first CUDA argument's GPU."""
+    arg = torch.Tensor._make_subclass(_OnCuda, torch.zeros(4, 3))
+    names, capability = [], {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names.append(device) or "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    hopper = _factors(torch.zeros(1), arg)["environment"]["device"]
+    assert hopper == "NVIDIA H200 sm_90" and names == [arg.device]
+    capability["value"] = (8, 0)
+    assert _factors(torch.zeros(1), arg)["environment"]["device"] == "NVIDIA H200 sm_80"
+    assert _factors(torch.zeros(1))["environment"]["device"].startswith("cpu ")  # no CUDA argument: the CPU
+
+
+@pytest.mark.requires("components")
+def test_the_triton_factor_is_the_installed_version_or_null(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", type(sys)("triton"))
+    sys.modules["triton"].__version__ = "3.6.0"
+    assert _factors(torch.zeros(1))["environment"]["triton"] == "3.6.0"
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    assert _factors(torch.zeros(1))["environment"]["triton"] is None
+
+
+@pytest.mark.requires("components")
+def test_a_model_of_the_package_is_keyed_by_the_packages_sources_alone():
+    """The package's hash covers its own model classes: their files are not hashed a second time."""
+    from reference.models.toy_llama import ToyLlama
+
+    assert list(cache_key.source_hashes(ToyLlama.__new__(ToyLlama))) == ["reference"]
+    linear = Path(torch.nn.Linear.__module__.replace(".", "/")).with_suffix(".py")  # torch/nn/modules/linear.py
+    outside = cache_key.source_hashes(torch.nn.Linear(3, 2))
+    assert len(outside) == 2 and next(name for name in outside if name != "reference").endswith(str(linear))
