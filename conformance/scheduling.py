@@ -8,7 +8,10 @@ xdist also keeps a unit queued behind each worker's running one, so that the wor
 the slow tests first, a worker running one of the suite's longest units (``LONG_RUNS``: minutes each on the
 H200) was often queued a second one, and ran the two one after the other at the end of the step while the others
 idled (2026-12-03, H200: 172 + 151 s of the peer's shards on one worker, 250-307 s of work on each of the other
-seven). So behind a long unit a worker is queued the last unit of the queue (a quick test) instead of the next.
+seven). So behind a long unit a worker is queued the last unit of the queue (a quick test) instead of the next
+(the last one is long only when every unit left is). The queue's order is xdist's: units of more tests first
+(``--loadscope-reorder``, its default: the shared runs), then the collection's order, long units first
+(conformance/conftest.py).
 """
 
 from __future__ import annotations

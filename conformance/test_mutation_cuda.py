@@ -59,7 +59,9 @@ def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker,
         (["--only", "cuda.nope"], "--only: unknown mutant(s) ['cuda.nope']; --list prints the names"),
         (["--only", ""], "--only: unknown mutant(s) ['']; --list prints the names"),
         (["--jobs", "0"], "--jobs: expected an int >= 1, got 0"),
-        (["--timeout", "-1"], "--timeout: expected seconds > 0, got -1.0"),
+        (["--timeout", "-1"], "--timeout: expected seconds in (0, 86400], got -1.0"),
+        (["--timeout", "nan"], "--timeout: expected seconds in (0, 86400], got nan"),
+        (["--timeout", "inf"], "--timeout: expected seconds in (0, 86400], got inf"),
     ],
 )
 def test_bad_arguments_are_one_line_with_exit_status_2(args, message):
@@ -82,14 +84,15 @@ def test_without_a_cuda_device_it_refuses_in_one_line():
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sees no CUDA device" in run.stderr, run.stderr
 
 
-def _main_with(verdicts, monkeypatch):
-    """cuda.main over MUTANTS[:3] with each run's verdict from ``verdicts`` (keyed by mutant name, None for an
-    unmutated tree) and the CUDA check passed; returns (exit status, the row it recorded or None)."""
+def _main_with(verdicts, monkeypatch, *args):
+    """cuda.main (with ``args``) over a set of MUTANTS[:3], each run's verdict from ``verdicts`` (keyed by
+    mutant name, None for an unmutated tree), the CUDA check passed; (exit status, the row recorded or None)."""
     recorded = {}
+    monkeypatch.setattr(cuda, "MUTANTS", MUTANTS[:3])
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr(cuda, "judge", lambda mutant, *rest: (verdicts[mutant and mutant.name], "its output"))
     monkeypatch.setattr(cuda.summary, "record", lambda module, row: recorded.update({module: row}))
-    status = cuda.main(["--jobs", "2", "--only", ",".join(m.name for m in MUTANTS[:3])])
+    status = cuda.main(["--jobs", "2", *args])
     return status, recorded.get(cuda.MODULE)
 
 
@@ -118,3 +121,11 @@ def test_the_mutants_runs_select_the_cuda_cases_but_not_those_that_need_the_devi
                             "device_memory", *graph_tests], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     memory = {line for line in every.stdout.splitlines() if "::" in line}
     assert memory and not memory & set(ids), sorted(memory & set(ids))  # device-memory tests exist, none selected
+
+
+def test_a_run_of_some_mutants_records_nothing(monkeypatch, capsys):
+    """The results files hold the whole set's row: a run of one mutant must not replace it with its 100%."""
+    verdicts = {None: "survived", **{m.name: "killed" for m in MUTANTS[:3]}}
+    status, row = _main_with(verdicts, monkeypatch, "--only", MUTANTS[0].name)
+    assert status == 0 and row is None
+    assert "--only: 1 killed, 0 survived of 1; not recorded" in capsys.readouterr().out

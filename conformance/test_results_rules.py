@@ -382,6 +382,19 @@ def test_the_startup_table_takes_a_generate_row_over_a_step_row_and_else_the_fir
     ]
 
 
+def test_a_start_up_whose_compile_the_compile_cache_served_says_so(tmp_path):
+    """bench_latency's compile_cache_hits: a warm start's compile is a cache read, and the report must not show
+    it as the mode's start-up cost unmarked; a file from before the field reads as a cold compile."""
+    doc = _bench_latency()
+    doc["results"][0]["startup"]["compile_cache_hits"] = 1
+    warm, baseline = read_rows(_write(tmp_path, doc))
+    assert warm.startup_cached and not baseline.startup_cached
+    assert not read_rows(_write(tmp_path, _bench_latency()))[0].startup_cached
+    assert startup_table([warm]).splitlines()[2] == (
+        "| tiny | no_inductor | 1.75 s (compile read from the compile cache) | 0.125 GiB |"
+    )
+
+
 def test_graph_memory_of_zero_is_a_figure_and_a_negative_one_is_not():
     """Zero graph memory (eager: no graphs) is shown as 0.000 GiB; a negative figure as not measured."""
     rows = [_row("eager", startup_s=1.0, graph_gib=0.0), _row("inductor", startup_s=1.0, graph_gib=-0.5)]

@@ -64,11 +64,17 @@ def test_each_kind_of_rope_is_transformers_bitwise(rope):
 @pytest.mark.parametrize(
     ("rope", "match"),
     [
-        (None, r"^config\.rope_parameters: expected a dict with 'rope_type'"),
-        (dict(rope_type="spiral", rope_theta=1.0), r"^config\.rope_parameters\['rope_type'\]: expected one of .*"
+        (None, r"^rope_parameters: expected a dict with 'rope_type'"),
+        (dict(rope_type="spiral", rope_theta=1.0), r"^rope_parameters\['rope_type'\]: expected one of .*"
          r"default, .*llama3.*, got 'spiral'$"),
-    ],  # fmt: skip
-)
+        (dict(rope_type="default"), r"^rope_parameters\['rope_theta'\]: expected a number > 0, got None$"),
+        (dict(rope_type="llama3", rope_theta="abc"), r"^rope_parameters\['rope_theta'\]: expected a number > 0, "
+         r"got 'abc'$"),
+        (dict(rope_type="linear", rope_theta=1e4, factor=2.0, partial_rotary_factor=0.5),
+         r"^rope_parameters\['partial_rotary_factor'\]: expected 1.0 \(whole heads rotate\), got 0.5$"),
+    ],
+    ids=["missing", "unknown-kind", "no-theta", "text-theta", "partial"],
+)  # fmt: skip
 def test_missing_or_unknown_rope_settings_are_one_line_naming_the_field(rope, match):
     config = LlamaConfig(hidden_size=64, num_attention_heads=2)
     config.rope_parameters = rope
@@ -78,7 +84,7 @@ def test_missing_or_unknown_rope_settings_are_one_line_naming_the_field(rope, ma
 
 def test_a_layer_type_without_settings_is_named():
     config = PRESETS["gemma-3-tiny"]()
-    with pytest.raises(ValueError, match=r"^config\.rope_parameters\['chunked_attention'\]: expected a dict"):
+    with pytest.raises(ValueError, match=r"^rope_parameters\['chunked_attention'\]: expected a dict"):
         rope_frequencies(config, head_dim(config), "chunked_attention")
 
 
@@ -98,3 +104,14 @@ def test_building_a_model_imports_no_transformers_modeling_code():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_a_checkpoints_rope_settings_are_refused_when_its_config_is_read(tmp_path):
+    """As every other config problem: one line naming the file and the field, before any weight is read."""
+    from reference.models.registry import model_config
+
+    config = PRESETS["llama-tiny"]()
+    config.rope_parameters = dict(rope_type="spiral", rope_theta=1e4)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"^model: {tmp_path / 'config.json'}: rope_parameters\['rope_type'\]: "):
+        model_config(tmp_path)

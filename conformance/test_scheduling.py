@@ -60,7 +60,7 @@ def _scheduling(workers, collection):
     sched.numnodes, sched.collection, sched.workqueue = len(workers), None, OrderedDict()
     sched.assigned_work = {worker: {} for worker in workers}  # what xdist's add_node leaves
     sched.registered_collections = {worker: collection for worker in workers}
-    sched.config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=False))
+    sched.config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=True))  # xdist's default
     sched.schedule()
     return sched
 

@@ -11,7 +11,7 @@ mutants' runs disturbed: nothing was counted); if one fails, nothing is counted.
 mutmut's: killed (a test failed), survived (every test passed), timeout, no tests (the selection was
 empty), other (pytest could not run, or the edit's text is not in the file once). The row goes to
 results.json and RESULTS.md as module ``cuda (hand-written)`` (conformance/mutation/summary.py), with the
-surviving mutants named.
+surviving mutants named; a run of some of them (``--only``) prints its verdicts and records nothing.
 
 Exit status 2 for bad arguments or no CUDA device, 1 when the unmutated tree fails its tests.
 """
@@ -110,8 +110,8 @@ def _arguments(argv: list[str]):
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: expected an int >= 1, got {args.jobs}")
-    if args.timeout <= 0:
-        parser.error(f"--timeout: expected seconds > 0, got {args.timeout}")
+    if not 0 < args.timeout <= 86400:  # nan and inf too: subprocess cannot wait for them
+        parser.error(f"--timeout: expected seconds in (0, 86400], got {args.timeout}")
     names = [name.strip() for name in args.only.split(",")] if args.only is not None else []
     unknown = sorted(set(names) - {m.name for m in MUTANTS})
     if args.only is not None and (unknown or "" in names):
@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print("the unmutated tree fails its tests; nothing counted:\n" + "\n".join(unmutated), file=sys.stderr)
         return 1
     row = summary.count(statuses, summary.load_equivalent())
+    if args.only is not None:  # the results files hold the whole set's row, never a subset's
+        print(f"\n--only: {row['killed']} killed, {row['survived']} survived of {row['mutants']}; not recorded")
+        return 0
     provenance = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "mutmut": "hand-written",
                   "commit": _commit()}  # fmt: skip
     summary.record(MODULE, {**provenance, **row})

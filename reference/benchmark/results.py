@@ -38,6 +38,8 @@ class Row:
         graph_gib: device memory the CUDA graphs took, GiB, or None. iqr_s: interquartile range of the
             timed calls when the file has it (pytest-benchmark), seconds.
         gpu, torch, date: where and when it ran (ISO date). source: the file.
+        startup_cached: the compile part of ``startup_s`` was read from the project's compile cache (a warm
+            start; bench_latency's ``compile_cache_hits``), so it is no compile time.
     """
 
     model: str
@@ -52,6 +54,7 @@ class Row:
     torch: str | None
     date: str
     source: str
+    startup_cached: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -85,6 +88,7 @@ def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
                 env.get("torch"),
                 env["date"],
                 source,
+                bool(start.get("compile_cache_hits")),  # files before 2026-12-03 lack it: compiled cold
             )
         )
     return rows

@@ -71,8 +71,9 @@ def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | 
 def startup_table(rows: list[Row]) -> str:
     """| model | mode | start-up | graph memory |, one row per model and mode: from a generate measure
     (bench_latency, where the engine starts) when there is one, else from perf/'s step benchmarks (whose
-    first test per mode records the runner's start-up). Graph memory that came out negative (a caching
-    allocator handed memory back during the capture) is shown as not measured."""
+    first test per mode records the runner's start-up). A start-up whose compile the compile cache served is
+    marked so. Graph memory that came out negative (a caching allocator handed memory back during the
+    capture) is shown as not measured."""
     lines = [
         "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
         "|---|---|---|---|",
@@ -88,7 +89,8 @@ def startup_table(rows: list[Row]) -> str:
         graph = f"{r.graph_gib:.3f} GiB" if r.graph_gib is not None else "-"
         if r.graph_gib is not None and r.graph_gib < 0:  # free memory before minus after: a pool shrank too
             graph = f"not measured (free memory rose {-r.graph_gib:.3f} GiB during capture)"
-        lines.append(f"| {r.model} | {r.mode} | {r.startup_s:.2f} s | {graph} |")
+        cached = " (compile read from the compile cache)" if r.startup_cached else ""
+        lines.append(f"| {r.model} | {r.mode} | {r.startup_s:.2f} s{cached} | {graph} |")
     return "\n".join(lines)
 
 

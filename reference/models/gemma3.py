@@ -212,6 +212,8 @@ def check_config(config: Gemma3TextConfig) -> None:
             f"layer_types: expected {config.num_hidden_layers} entries (num_hidden_layers), each one of "
             f"{list(LAYER_TYPES)}, got {types}"
         )
+    for layer_type in sorted(set(types)):
+        rope_frequencies(config, head_dim(config), layer_type)  # its RoPE settings can be built
     window = config.sliding_window
     if "sliding_attention" in types and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"sliding_window: expected an int >= 1 for 'sliding_attention' layers, got {window!r}")

@@ -185,6 +185,15 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @staticmethod
+    def check_config(config: LlamaConfig) -> None:
+        """Reject a config whose RoPE settings the model cannot build, when ``registry.model_config`` reads it.
+
+        Raises:
+            ValueError: naming the field (:func:`~reference.models.rope.rope_frequencies`).
+        """
+        rope_frequencies(config, head_dim(config))
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 

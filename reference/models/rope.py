@@ -37,8 +37,9 @@ def rope_frequencies(
         hold as ``inv_freq`` (or ``<layer_type>_inv_freq``) and ``attention_scaling``.
 
     Raises:
-        ValueError: one line naming the field: the parameters are missing, or ``rope_type`` is not
-            ``default`` or a kind of ``ROPE_INIT_FUNCTIONS`` (the message lists them).
+        ValueError: one line naming the field: the parameters are missing, ``rope_type`` is not ``default`` or a
+            kind of ``ROPE_INIT_FUNCTIONS`` (the message lists them), ``rope_theta`` is not a number > 0, or
+            a scaled kind's ``partial_rotary_factor`` is not 1 (these models rotate whole heads).
     """
     field = "rope_parameters" if layer_type is None else f"rope_parameters[{layer_type!r}]"
     params = getattr(config, "rope_parameters", None)
@@ -46,14 +47,20 @@ def rope_frequencies(
         params = params.get(layer_type)
     if not isinstance(params, dict) or "rope_type" not in params:
         raise ValueError(
-            f"config.{field}: expected a dict with 'rope_type' (transformers 5's RoPE settings), got {params!r}"
+            f"{field}: expected a dict with 'rope_type' (transformers 5's RoPE settings), got {params!r}"
         )
+    theta = params.get("rope_theta")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ValueError(f"{field}['rope_theta']: expected a number > 0, got {theta!r}")
     kind = params["rope_type"]
-    if kind == UNSCALED:
+    if kind == UNSCALED:  # transformers' own unscaled RoPE rotates whole heads whatever partial_rotary_factor says
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim  # [head_dim // 2]
-        return 1.0 / (params["rope_theta"] ** exponents), 1.0
+        return 1.0 / (theta**exponents), 1.0
     if kind not in ROPE_INIT_FUNCTIONS:
         kinds = ", ".join(sorted([UNSCALED, *ROPE_INIT_FUNCTIONS]))
-        raise ValueError(f"config.{field}['rope_type']: expected one of {kinds}, got {kind!r}")
+        raise ValueError(f"{field}['rope_type']: expected one of {kinds}, got {kind!r}")
+    partial = params.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:  # the scaled kinds would rotate part of each head, which these models do not
+        raise ValueError(f"{field}['partial_rotary_factor']: expected 1.0 (whole heads rotate), got {partial!r}")
     by_layer = {} if layer_type is None else {"layer_type": layer_type}
     return ROPE_INIT_FUNCTIONS[kind](config, None, **by_layer)
