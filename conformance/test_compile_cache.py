@@ -423,9 +423,9 @@ def test_the_device_factor_names_the_gpu_and_its_compute_capability(monkeypatch)
     arg = torch.Tensor._make_subclass(_OnCuda, torch.zeros(4, 3))
     names, capability = [], {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names.append(device) or "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: names.append(device) or capability["value"])
     hopper = _factors(torch.zeros(1), arg)["environment"]["device"]
-    assert hopper == "NVIDIA H200 sm_90" and names == [arg.device]
+    assert hopper == "NVIDIA H200 sm_90" and names == [arg.device, arg.device]  # the argument's own GPU
     capability["value"] = (8, 0)
     assert _factors(torch.zeros(1), arg)["environment"]["device"] == "NVIDIA H200 sm_80"
     assert _factors(torch.zeros(1))["environment"]["device"].startswith("cpu ")  # no CUDA argument: the CPU
@@ -449,3 +449,38 @@ def test_a_model_of_the_package_is_keyed_by_the_packages_sources_alone():
     linear = Path(torch.nn.Linear.__module__.replace(".", "/")).with_suffix(".py")  # torch/nn/modules/linear.py
     outside = cache_key.source_hashes(torch.nn.Linear(3, 2))
     assert len(outside) == 2 and next(name for name in outside if name != "reference").endswith(str(linear))
+
+
+class _Tied(torch.nn.Module):
+    """Two names for one weight (a tied LM head), and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 4, bias=False)
+        self.head = torch.nn.Linear(4, 4, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(4))
+
+
+@pytest.mark.requires("components")
+def test_factors_json_names_each_factor_readably():
+    """factors.json is for people: each factor under its documented name, with the values that shape a graph
+    (a tied weight under both of its names, transformers' whole config, not only what differs from defaults)."""
+    import platform
+
+    hf = small_llama_config()
+    model = torch.nn.Linear(3, 2)
+    model.config = hf
+    factors = cache_key.cache_factors(model, CompilationConfig(level=3), (torch.zeros(1, 3),))
+    assert set(factors) == {"entry_format", "compilation", "model", "inputs", "source", "environment"}
+    assert set(factors["model"]) == {"class", "config", "modules", "tensors", "rank_of_world"}
+    assert factors["model"]["class"] == "torch.nn.modules.linear.Linear"
+    assert factors["model"]["rank_of_world"] == [0, 1]  # one process
+    assert factors["model"]["config"] == json.loads(hf.to_json_string(use_diff=False))
+    env = factors["environment"]
+    assert set(env) == {"python", "torch", "cuda", "triton", "device"}
+    assert (env["python"], env["torch"]) == (platform.python_version(), torch.__version__)
+    assert env["cuda"] == torch.version.cuda
+    tied = cache_key.cache_factors(_Tied(), CompilationConfig(level=3), ())["model"]["tensors"]
+    assert tied == [["embed.weight", [4, 4], "torch.float32"], ["head.weight", [4, 4], "torch.float32"],
+                    ["scale", [4], "torch.float32"]]  # fmt: skip
