@@ -35,16 +35,18 @@ def _rope_mutant(old: str, new: str) -> Mutant:
 @pytest.mark.parametrize(
     ("old", "new", "marker", "verdict"),
     [
-        ('return 1.0 / (params["rope_theta"] ** exponents), 1.0', 'return params["rope_theta"] ** -exponents, 1.0',
-         "not gpu", "killed"),  # the same frequencies, rounded otherwise: test_rope compares bitwise
+        ("return 1.0 / (theta**exponents), 1.0", "return theta**-exponents, 1.0", "not gpu", "killed"),
+        # the same frequencies, rounded otherwise: test_rope compares bitwise
         ("UNSCALED = \"default\"  # transformers' name", "UNSCALED = \"default\"  # the name", "not gpu", "survived"),
         ("UNSCALED = \"default\"  # transformers' name", "UNSCALED = \"default\"  # the name", "gpu", "no tests"),
         ("text that is not in the file", "anything", "not gpu", "other"),
     ],
     ids=["killed", "survived", "no-tests", "stale"],
 )  # fmt: skip
-def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker, verdict):
+def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker, verdict, monkeypatch):
+    monkeypatch.setenv("REFERENCE_ALLOW_EMPTY_SELECTION", "1")  # as tox -e gpu sets it: no-tests must stay no-tests
     before = (ROOT / ROPE).read_text()
+    assert verdict == "other" or before.count(old) == 1  # the stand-in edits follow rope.py
     mutant = _rope_mutant(old, new)
     got, tail = cuda.judge(mutant, mutant.tests, marker, jobs=2, timeout=300)
     assert got == verdict, tail
