@@ -484,3 +484,38 @@ def test_factors_json_names_each_factor_readably():
     tied = cache_key.cache_factors(_Tied(), CompilationConfig(level=3), ())["model"]["tensors"]
     assert tied == [["embed.weight", [4, 4], "torch.float32"], ["head.weight", [4, 4], "torch.float32"],
                     ["scale", [4], "torch.float32"]]  # fmt: skip
+
+
+@pytest.mark.requires("components")
+def test_the_default_folder_is_under_the_users_cache_folder(monkeypatch, tmp_path):
+    """Neither cache_dir nor $REFERENCE_COMPILE_CACHE: ~/.cache/piecewise-reference/torch_compile_cache (the
+    folder README documents, beside vLLM's ~/.cache/vllm/torch_compile_cache)."""
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "0")
+    monkeypatch.delenv(cache_key.FOLDER_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_key.cache_folder(CompilationConfig()) == tmp_path / ".cache/piecewise-reference/torch_compile_cache"
+
+
+@pytest.mark.requires("components")
+def test_only_fx_graph_cache_false_makes_a_config_uncachable_among_json_values():
+    """Inductor keeps no artifact without its FX-graph cache; any other option set to False is an option."""
+    assert cache_key.uncachable(CompilationConfig(inductor_compile_config={"fx_graph_cache": True})) is None
+    assert cache_key.uncachable(CompilationConfig(inductor_compile_config={"max_autotune": False})) is None
+    assert cache_key.uncachable(CompilationConfig(inductor_compile_config={"fx_graph_cache": False})) == (
+        "inductor_compile_config['fx_graph_cache'] is False: Inductor keeps no artifact to store"
+    )
+
+
+def _a_pass(graph):  # an Inductor pass given as a function: no JSON spelling
+    return graph
+
+
+@pytest.mark.requires("components")
+def test_the_inputs_factor_holds_each_arguments_dtype_device_and_shape_but_the_token_count():
+    """Tensors by dtype, device and every dimension but the first (the token count, which varies per call);
+    other arguments by type. A value JSON cannot hold (a pass given as a function) is written as its repr."""
+    config = CompilationConfig(level=3, inductor_compile_config={"post_grad_custom_post_pass": _a_pass})
+    factors = cache_key.cache_factors(torch.nn.Linear(3, 2), config, (torch.zeros(5, 3, 2), 7))
+    assert factors["inputs"] == [["torch.float32", "cpu", [3, 2]], "int"]
+    assert factors["compilation"]["inductor_compile_config"] == {"post_grad_custom_post_pass": repr(_a_pass)}
+    assert re.fullmatch(r"[0-9a-f]{32}", cache_key.cache_key(factors))  # the folder name: 32 hex digits
