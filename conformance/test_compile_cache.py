@@ -143,6 +143,21 @@ def _damage(entry: Path, other: Path, how: str) -> None:
         entry.write_text("not an entry")
 
 
+# what the warning says each damage is (the manifest's checks name the file, the listing or the foreign factors)
+REASONS = {
+    "truncated": r"\(ValueError: entry\.json is \d+ bytes and its SHA-256 is not the manifest's\)",
+    "file_of_another_entry": r"\(ValueError: entry\.json is \d+ bytes and its SHA-256 is not the manifest's\)",
+    "no_manifest": r"\(FileNotFoundError: .*manifest\.json",
+    "foreign": r"\(ValueError: its factors\.json is not this start's \(a foreign entry\)\)",
+    "missing_file": r"\(ValueError: the manifest lists \['entry\.json', 'factors\.json'\], the folder holds "
+    r"\['factors\.json'\]\)",
+    "manifest_listing_nothing": r"\(ValueError: the manifest lists \[\], the folder holds \['entry\.json', "
+    r"'factors\.json'\]\)",
+    "code_that_does_not_run": r"\(KeyError: 'forward'\)",
+    "a_file_not_a_folder": r"\(NotADirectoryError: ",
+}
+
+
 @pytest.mark.no_inductor
 @pytest.mark.parametrize(
     "how",
@@ -168,6 +183,7 @@ def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, imp
     kinds = "ValueError|JSONDecodeError|FileNotFoundError|NotADirectoryError|KeyError"
     assert re.search(rf"entry \S+ is unusable \(({kinds}): ", said[0]), said
     assert len(said) == 1 and "unusable" in said[0] and "\n" not in said[0], said
+    assert re.search(REASONS[how], said[0]), said  # what was wrong, in the words of the check that found it
     assert all(torch.equal(a, b) for a, b in zip(cold, again))
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # the refused entry is gone
     with expect_counters(num_cache_hits=1):  # replaced by a whole entry
