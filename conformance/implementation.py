@@ -57,6 +57,8 @@ CAPABILITIES = {
     "an equal model and config is served from the folder, counted as num_cache_hits / num_cache_misses, with "
     "the first compile's outputs (bitwise but for autotuned Triton kernels); a changed factor misses; an unusable "
     "entry warns once and recompiles",
+    "compile_sizes": "honours CompilationConfig.compile_sizes: each piece is compiled once more by Inductor with "
+    "static shapes per listed token count, and a call at such a count runs that compile",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too, and the "
     "suite's own tools (its report, markers, scheduling, faults), which need checking once, not per implementation",
 }

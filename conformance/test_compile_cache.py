@@ -24,7 +24,8 @@ import torch
 
 from conformance.driver import prefill_and_decode
 from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
-from reference.compilation import cache_key, compile_cache, compilation_counter, expect_counters
+from reference.compilation import backend, cache_key, compile_cache, compilation_counter, expect_counters
+from reference.compilation.compile_piece import SizeDispatch
 from reference.config import CompilationConfig, ConfigError
 
 pytestmark = pytest.mark.requires("compile_cache", "counters")
@@ -97,6 +98,54 @@ def test_a_changed_factor_misses(factor, cache, impl):
     with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
         start(impl, "no_inductor", cache, **{**first, **second})
     assert len(entries(cache)) == 2
+
+
+@pytest.mark.inductor
+@pytest.mark.requires("compile_sizes")
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_warm_start_serves_the_static_compiles_of_compile_sizes_too(device, cache, impl):
+    """Decode steps (2 sequences: 2 tokens) and the prefill (8 tokens) run at compile sizes. The warm start
+    compiles nothing, so the static compiles it runs are the entry's; bitwise on a CPU, and on CUDA within
+    float32's reassociation error for the autotuned Triton kernels (see the warm-start test above)."""
+    sizes = {"compile_sizes": [2, 8]}
+    pieces = small_llama_config().num_hidden_layers + 1  # around each layer's attention call
+    with expect_counters(num_cache_misses=1, num_inductor_compiles=3 * pieces, num_cache_entries_written=1):
+        cold = start(impl, "inductor", cache, device=device, **sizes)
+    with expect_counters(num_cache_hits=1, num_graphs_seen=0, num_backend_compilations=0):
+        warm = start(impl, "inductor", cache, device=device, **sizes)
+    for step, (c, w) in enumerate(zip(cold, warm)):
+        if device == "cuda":
+            torch.testing.assert_close(w, c, msg=lambda m: f"step {step}: {m}")
+        else:
+            assert torch.equal(c, w), f"step {step}: warm differs from cold by up to {(c - w).abs().max():.3g}"
+    with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
+        start(impl, "inductor", cache, device=device, compile_sizes=[2])  # another list: another key
+    assert len(entries(cache)) == 2
+
+
+@pytest.mark.inductor
+@pytest.mark.requires("components")
+def test_an_entry_holds_one_artifact_per_piece_and_compile_size_and_a_warm_start_dispatches_to_them(
+    cache, impl, monkeypatch
+):
+    start(impl, "inductor", cache, compile_sizes=[2])
+    (entry,) = entries(cache)
+    meta = json.loads((entry / "entry.json").read_text())
+    compiled = [p["name"] for p in meta["pieces"] if not p["splitting_op"]]
+    assert [p["compile_sizes"] for p in meta["pieces"] if not p["splitting_op"]] == [[2]] * len(compiled)
+    stored = sorted(f.name for f in entry.glob("*.bin"))
+    assert stored == sorted([f"{name}.bin" for name in compiled] + [f"{name}@2.bin" for name in compiled])
+    built = []
+
+    class Recording(SizeDispatch):
+        def __init__(self, generic, static, size_args):
+            built.append(sorted(static))
+            super().__init__(generic, static, size_args)
+
+    monkeypatch.setattr(backend, "SizeDispatch", Recording)
+    with expect_counters(num_cache_hits=1):
+        start(impl, "inductor", cache, compile_sizes=[2])
+    assert built == [[2]] * len(compiled)  # each piece's loaded static compile, dispatched at its size
 
 
 @pytest.mark.no_inductor

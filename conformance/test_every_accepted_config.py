@@ -57,6 +57,8 @@ CONFIG_FIELDS = st.fixed_dictionaries(
         ),
         "cudagraph_capture_sizes": _optional(st.lists(st.integers(0, 20), max_size=4)),
         "cudagraph_num_of_warmups": _optional(st.integers(0, 2)),
+        # refused without Inductor whenever not empty (test_compile_sizes runs them with it)
+        "compile_sizes": _optional(st.lists(st.sampled_from([2, 4, 0, "cudagraph_capture_sizes"]), max_size=2)),
     }
 ).map(lambda fields: {k: v for k, v in fields.items() if v is not None})
 PROMPTS = st.lists(st.integers(1, 9), min_size=1, max_size=4)

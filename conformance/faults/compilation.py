@@ -9,6 +9,7 @@ import torch
 from conformance.faults.fault import Fault, patches
 from reference.compilation import backend, split
 from reference.compilation import compile_piece as compile_piece_module
+from reference.compilation.compile_piece import SizeDispatch
 from reference.compilation.counters import compilation_counter
 from reference.config import compilation as config_module
 from reference.config.compilation import CompilationConfig
@@ -46,6 +47,14 @@ def _sorted_not_deduplicated(self):
     _real_resolve_capture_sizes(self)
     if given is not None:
         object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(given)))
+
+
+def _round_up_to_a_compile_size(self, *args):
+    """The capture-size habit applied to compile sizes: a count runs the smallest static compile at least as
+    large, as if its inputs were padded to it (they are not)."""
+    size = args[self.size_args[0]]
+    larger = [s for s in sorted(self.static) if s >= size]
+    return (self.static[larger[0]] if larger else self.generic)(*args)
 
 
 FAULTS = [
@@ -88,5 +97,20 @@ FAULTS = [
         "captured twice",
         plant=patches(mock.patch.object(CompilationConfig, "_resolve_capture_sizes", _sorted_not_deduplicated)),
         tests="test_explicit_sizes_are_deduplicated_and_sorted_and_set_the_maximum",
+    ),
+    Fault(
+        id="compile-size-rounded-up",
+        kind="compile",
+        description="a token count between compile sizes runs the next larger size's static compile, as if it were "
+        "padded to it like a capture size, on inputs that are not",
+        plant=patches(mock.patch.object(SizeDispatch, "__call__", _round_up_to_a_compile_size)),
+        tests="matches_its_closed_form_at_and_beside_the_compile_sizes",
+    ),
+    Fault(
+        id="compile-sizes-never-dispatched",
+        kind="compile",
+        description="compile_sizes' static compiles are made (and counted) but every call runs the symbolic compile",
+        plant=patches(mock.patch.object(backend, "_dispatch", lambda generic, static, size_args: generic)),
+        tests="runs_that_sizes_compile_and_no_other_call_does",
     ),
 ]

@@ -67,6 +67,14 @@ FAULTS = [
         tests="test_a_changed_factor_misses and capture_sizes",
     ),
     Fault(
+        id="cache-key-ignores-compile-sizes",
+        kind="cache",
+        description="the compile cache's key leaves out compile_sizes, so a start that asks for static compiles is "
+        "served an entry without them (or with other sizes')",
+        plant=_key_without(lambda f: f["compilation"].pop("compile_sizes")),
+        tests="test_a_warm_start_serves_the_static_compiles_of_compile_sizes_too",
+    ),
+    Fault(
         id="cache-key-ignores-splitting-ops",
         kind="cache",
         description="the compile cache's key leaves out the splitting ops, so a graph split elsewhere is served",

@@ -16,10 +16,10 @@ from typing import Callable
 
 import torch
 
-from reference.compilation.compile_piece import compile_piece, example_inputs
+from reference.compilation.compile_piece import SizeDispatch, compile_piece, compile_sizes, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
-from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule
+from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
@@ -120,6 +120,16 @@ def _first_output(artifact: Callable) -> Callable:
     return lambda *args: artifact(*args)[0]
 
 
+def _by_name(pieces: list[Piece]):
+    """(name, piece) of the pieces that are not splitting ops."""
+    return [(p.name, p) for p in pieces if not p.is_splitting_op]
+
+
+def _dispatch(generic: Callable, static: dict[int, Callable], size_args: tuple[int, ...]) -> Callable:
+    """A compiled piece over its static-shape compiles (``compile_sizes``), or the piece itself without them."""
+    return SizeDispatch(generic, static, size_args) if static else generic
+
+
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
@@ -185,8 +195,10 @@ class PiecewiseBackend:
             self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
         self._check_pieces(pieces)
         compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
+        static = {name: compile_sizes(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
         if self.cache_writer is not None:
-            self.cache_writer.compiled(compiled)
+            self.cache_writer.compiled(compiled, static)
+        compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
         return split
 
@@ -211,6 +223,10 @@ class PiecewiseBackend:
             runnable = entry.artifacts.get(name) or StoredModule(stored["source"])
             if name in entry.artifacts and stored["returns_one"]:
                 runnable = _first_output(runnable)
+            static = {size: entry.artifacts[static_artifact(name, size)] for size in stored["compile_sizes"]}
+            if stored["returns_one"]:
+                static = {size: _first_output(artifact) for size, artifact in static.items()}
+            runnable = _dispatch(runnable, static, tuple(stored["size_args"]))
             runnables[name] = self._wrapped(name, runnable, tuple(stored["size_args"]), use_graphs, pool, stream)
         split = StoredModule(entry.split, runnables)
         self._traced = True

@@ -40,6 +40,7 @@ GRAPH_FIELDS = (
     "cudagraph_mode",
     "cudagraph_capture_sizes",
     "inductor_compile_config",
+    "compile_sizes",
 )
 _PACKAGE = Path(__file__).resolve().parents[1]  # reference/
 

@@ -12,7 +12,8 @@ An entry is a folder ``<cache folder>/<key>/``:
 * ``entry.json``: the split module's and each piece's generated code (the FX code, no graph: rebuilding
   graphs means tracing the code again), where each graph input comes from, how the graph's outputs make the
   model's, each piece's size arguments and how a splitting op is called;
-* ``<piece>.bin``: a piece's Inductor artifact (``torch._inductor.CompiledArtifact``, binary format);
+* ``<piece>.bin``: a piece's Inductor artifact (``torch._inductor.CompiledArtifact``, binary format), and
+  ``<piece>@<size>.bin`` its static-shape compile at each of ``compile_sizes``;
 * ``manifest.json``: written last, the size and SHA-256 of every other file.
 
 Writes go to a temporary folder beside the entry, renamed into place, so a reader sees a whole entry or
@@ -161,10 +162,11 @@ class Entry:
         split: the split module's source (:func:`module_source`), calling ``self.<piece name>(...)``.
         pieces: per piece, in order: ``name``, ``splitting_op``, ``source``, and for a splitting op ``direct``
             (the backend's ``direct_call_spec`` or None), else ``size_args`` (indices of its token-count
-            arguments) and ``returns_one`` (the piece returns one tensor, not a tuple).
+            arguments), ``returns_one`` (the piece returns one tensor, not a tuple) and ``compile_sizes`` (the
+            token counts of its static-shape artifacts).
         bindings: one :data:`Binding` per input of ``split``.
         outputs: the output spec (:func:`output_spec`).
-        artifacts: piece name -> Inductor's compiled piece (Inductor pieces only).
+        artifacts: artifact name (a piece's, or :func:`static_artifact`'s) -> Inductor's compiled piece.
     """
 
     split: dict[str, str]
@@ -172,6 +174,11 @@ class Entry:
     bindings: list[Binding]
     outputs: Binding
     artifacts: dict[str, Any] = field(default_factory=dict)
+
+
+def static_artifact(piece: str, size: int) -> str:
+    """The artifact name (``<name>.bin`` in the entry) of ``piece``'s static-shape compile at ``size`` tokens."""
+    return f"{piece}@{size}"
 
 
 def _warn(message: str) -> None:
@@ -352,9 +359,15 @@ class CacheWriter:
         self._graph_outputs = outputs
         self._hook.remove()  # the first call only: later calls pay nothing
 
-    def compiled(self, runnables: dict[str, Callable]) -> None:
-        """The compiled pieces: Inductor's artifacts are stored; FX pieces are stored as their code."""
+    def compiled(self, runnables: dict[str, Callable], static: dict[str, dict[int, Callable]]) -> None:
+        """The compiled pieces (piece name -> callable) and their static-shape compiles (piece name -> token
+        count -> callable): Inductor's artifacts are stored; FX pieces are stored as their code."""
         self._artifacts = {name: r for name, r in runnables.items() if not isinstance(r, torch.fx.GraphModule)}
+        for name, by_size in static.items():
+            self._artifacts.update({static_artifact(name, size): artifact for size, artifact in by_size.items()})
+        for piece in (self._meta or {}).get("pieces", ()):
+            if not piece["splitting_op"]:
+                piece["compile_sizes"] = sorted(static.get(piece["name"], {}))
 
     def finish(self, output) -> bool:
         """Write the entry now that the first call returned ``output``; True if written."""

@@ -110,6 +110,11 @@ class CompilationConfig:
     * ``cudagraph_num_of_warmups`` [1]: eager runs of a piece at a size before that size is captured, so
       lazy initialisation (cuBLAS handles, autotuning) happens outside the graph.
     * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
+    * ``compile_sizes`` [[]] (vLLM's field): token counts at which Inductor also compiles each piece with static
+      shapes, beside the one symbolic-shape compile that serves every other count; a call at such a count runs
+      that compile (inside its CUDA graph when the count is also a capture size). Positive ints, and the string
+      ``'cudagraph_capture_sizes'`` for every capture size; deduplicated and sorted. Levels 2-3 with
+      ``use_inductor`` only: vLLM accepts the field without Inductor, where it changes nothing.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -134,6 +139,7 @@ class CompilationConfig:
     max_cudagraph_capture_size: int | None = None
     cudagraph_num_of_warmups: int = 1
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
+    compile_sizes: tuple[int, ...] | None = None
     debug_cudagraph_addresses: bool = False
     debug_cudagraph_outputs: bool = False
     cache_dir: str = ""
@@ -173,6 +179,7 @@ class CompilationConfig:
         check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
         check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
         self._resolve_capture_sizes()
+        self._resolve_compile_sizes()
         if not isinstance(self.inductor_compile_config, Mapping) or not all(
             isinstance(k, str) for k in self.inductor_compile_config
         ):
@@ -205,6 +212,21 @@ class CompilationConfig:
         object.__setattr__(self, "cudagraph_capture_sizes", sizes)
         object.__setattr__(self, "max_cudagraph_capture_size", max(sizes) if sizes else 0)
 
+    def _resolve_compile_sizes(self) -> None:
+        sizes = () if self.compile_sizes is None else self.compile_sizes
+        allowed = f"a list of ints in 1..{MAX_CAPTURE_SIZE} (token counts) and the string 'cudagraph_capture_sizes'"
+        if not isinstance(sizes, (list, tuple)):
+            raise ConfigError(f"compile_sizes: expected {allowed}, got {echo(sizes)}")
+        resolved: set[int] = set()
+        for size in sizes:
+            if size == "cudagraph_capture_sizes":
+                resolved.update(self.cudagraph_capture_sizes)
+            elif isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CAPTURE_SIZE:
+                raise ConfigError(f"compile_sizes: expected {allowed}, got item {echo(size)}")
+            else:
+                resolved.add(size)
+        object.__setattr__(self, "compile_sizes", tuple(sorted(resolved)))
+
     def _check_contradictions(self) -> None:
         mode = self.cudagraph_mode
         if self.piecewise_graphs and self.level not in (0, 3):
@@ -220,6 +242,12 @@ class CompilationConfig:
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
+        if self.compile_sizes and not (self.use_inductor and self.level >= 2):
+            raise ConfigError(
+                f"compile_sizes is set but use_inductor={self.use_inductor}, level={self.level}: static-shape compiles "
+                "are Inductor's, beside the one symbolic-shape trace of levels 2-3 (without Inductor a piece is the "
+                "same FX code at every size); drop compile_sizes or use use_inductor=True at level 2 or 3"
+            )
         if self.inductor_compile_config and self.level == 0:
             raise ConfigError("inductor_compile_config is set but level=0 compiles nothing; drop it or use level >= 1")
         if self.cache_dir and self.level < 2:
@@ -282,7 +310,13 @@ class CompilationConfig:
                 "drop enforce_eager or set cudagraph_mode='none'"
             )
         return dataclasses.replace(
-            self, level=0, cudagraph_mode="none", splitting_ops=None, inductor_compile_config={}, cache_dir=""
+            self,
+            level=0,
+            cudagraph_mode="none",
+            splitting_ops=None,
+            inductor_compile_config={},
+            compile_sizes=(),
+            cache_dir="",
         )
 
     def describe(self) -> dict[str, Any]:

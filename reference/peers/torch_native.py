@@ -16,7 +16,8 @@ maps a :class:`~reference.config.CompilationConfig` onto that:
 * full graphs (``'full_decode_only'``, ``'full_and_piecewise'``) and breakable graphs (level 0 with
   piecewise graphs) are :class:`Unsupported`: graph trees key graphs by input shapes, not by the kind of
   step, and torch captures no eager model in segments. Running the model without them would measure, or
-  pass the conformance rules, for the wrong reason.
+  pass the conformance rules, for the wrong reason. So are ``compile_sizes``: torch.compile's one dynamic
+  graph has no static-shape compiles beside it.
 
 Capture sizes are the runner's: it pads every step to one of them, and graph trees record a graph for
 each size they see.
@@ -43,7 +44,7 @@ def compile_torch_native(model: nn.Module, config: CompilationConfig) -> Callabl
     ``compile_fn``.
 
     Raises:
-        Unsupported: full or breakable graphs, or piecewise graphs without Inductor.
+        Unsupported: full or breakable graphs, piecewise graphs without Inductor, or compile sizes.
     """
     if config.full_graphs:
         raise Unsupported(
@@ -52,6 +53,11 @@ def compile_torch_native(model: nn.Module, config: CompilationConfig) -> Callabl
         )
     if config.breakable:
         raise Unsupported(f"torch {torch.__version__} has no breakable CUDA graphs of an eager model")
+    if config.compile_sizes:
+        raise Unsupported(
+            f"torch.compile (torch {torch.__version__}) makes one dynamic-shape graph here; static-shape compiles "
+            "beside it for listed token counts (compile_sizes) are this project's (and vLLM's)"
+        )
     if config.level == 0:
         return model
     if config.level in (1, 2):
