@@ -4,7 +4,7 @@ The rules: a model compiled with compile sizes computes the same function as wit
 count and at any other (the toy Llama's float64 closed form, as in test_equivalence); each piece with a
 token-count argument is compiled once for the symbolic count and once per listed count; a call at a listed
 count runs that count's compile, inside its CUDA graph when the count is also a capture size, and no other
-call does. The config checks are the reference's own.
+call does. The config's checks are in test_config.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from conformance.helpers import DEVICES, StaticTokens, token_ids
 from reference.compilation import backend, compile_piece, expect_counters
 from reference.compilation.compile_piece import SizeDispatch
-from reference.config import CompilationConfig, ConfigError, mode_config
+from reference.config import CompilationConfig, mode_config
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, expected_hidden, toy_llama_config
 from reference.ops import CustomOpSelection
 
@@ -100,6 +100,7 @@ def test_a_call_at_a_compile_size_runs_that_sizes_compile_and_no_other_call_does
         assert counts and set(counts) == {size}, f"compile size {size}'s static compile ran at {counts}"
 
 
+@pytest.mark.requires("components")
 def test_the_dispatch_needs_every_token_count_argument_to_equal_a_compile_size():
     """Dynamo may give equal token dimensions two symbols; a static compile fixes both, so a call whose
     counts disagree runs the symbolic compile."""
@@ -107,30 +108,3 @@ def test_the_dispatch_needs_every_token_count_argument_to_equal_a_compile_size()
     assert dispatch(4, "x", 4) == "static 4"
     assert dispatch(4, "x", 5) == "any"
     assert dispatch(5, "x", 5) == "any"
-
-
-@pytest.mark.requires("components")
-@pytest.mark.parametrize(
-    "fields, said",
-    [
-        ({"compile_sizes": [0]}, r"compile_sizes: expected a list of ints in 1\.\.65536 .*, got item 0"),
-        ({"compile_sizes": "8"}, r"compile_sizes: expected a list .*, got '8'"),
-        ({"compile_sizes": [True]}, r"got item True"),
-        ({"compile_sizes": ["all"]}, r"got item 'all'"),
-        ({"compile_sizes": [8], "use_inductor": False}, r"compile_sizes is set but use_inductor=False, level=3"),
-        ({"compile_sizes": [8], "level": 1}, r"compile_sizes is set but use_inductor=True, level=1"),
-        ({"compile_sizes": [8], "level": 0}, r"compile_sizes is set but use_inductor=True, level=0"),
-    ],
-)
-def test_bad_compile_sizes_are_refused_naming_the_field(fields, said):
-    with pytest.raises(ConfigError, match=said):
-        CompilationConfig(**fields)
-
-
-@pytest.mark.requires("components")
-def test_compile_sizes_are_sorted_deduplicated_and_may_name_the_capture_sizes():
-    config = CompilationConfig(compile_sizes=[16, "cudagraph_capture_sizes", 3, 16], cudagraph_capture_sizes=[4, 16])
-    assert config.compile_sizes == (3, 4, 16)
-    assert CompilationConfig().compile_sizes == ()
-    assert CompilationConfig.parse('{"compile_sizes": [2, 2]}').describe()["compile_sizes"] == [2]
-    assert CompilationConfig(compile_sizes=[4]).for_eager().compile_sizes == ()

@@ -176,6 +176,12 @@ WRONG_VALUES = [
     ("cudagraph_num_of_warmups", 1.5, "cudagraph_num_of_warmups: expected an int >= 0, got 1.5"),
     ("inductor_compile_config", "max_autotune", "inductor_compile_config: expected a dict with string keys"),
     ("inductor_compile_config", {1: True}, "inductor_compile_config: expected a dict with string keys"),
+    ("compile_sizes", [0], r"compile_sizes: expected a list of ints in 1\.\.65536 \(token counts\) and the string "
+     "'cudagraph_capture_sizes', got item 0"),
+    ("compile_sizes", "8", r"compile_sizes: expected a list of ints in 1\.\.65536 .*, got '8'"),
+    ("compile_sizes", [True], r"compile_sizes: expected .*, got item True"),
+    ("compile_sizes", [65537], r"compile_sizes: expected .*, got item 65537"),
+    ("compile_sizes", ["all"], r"compile_sizes: expected .*, got item 'all'"),
 ]
 
 
@@ -228,6 +234,13 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
             {"cudagraph_mode": "none", "cudagraph_capture_sizes": [], "max_cudagraph_capture_size": 16},
             r"cudagraph_capture_sizes .* and max_cudagraph_capture_size \(16\) disagree",
         ),
+        (
+            {"use_inductor": False, "compile_sizes": [8]},
+            r"compile_sizes is set but use_inductor=False, level=3: static-shape compiles are Inductor's.*; drop "
+            "compile_sizes or use use_inductor=True at level 2 or 3",
+        ),
+        ({"level": 1, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=1"),
+        ({"level": 0, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=0"),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
         ({"custom_ops": ["+rms_norm", "-rms_norm"]}, r"custom_ops: '\+rms_norm' and '-rms_norm' contradict each other"),
         (
@@ -249,6 +262,9 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "inductor_config_at_level0",
         "splitting_ops_at_level2",
         "splitting_ops_at_level1",
+        "compile_sizes_without_inductor",
+        "compile_sizes_at_level1",
+        "compile_sizes_at_level0",
         "sizes_below_max",
         "sizes_above_max",
         "empty_sizes_with_max",
@@ -468,3 +484,13 @@ def test_vllms_current_names_mean_the_seeds(vllm, seed):
 def test_two_spellings_that_disagree_or_a_bad_new_spelling_is_an_error(fields, message):
     with pytest.raises(ConfigError, match=message):
         CompilationConfig.parse(fields)
+
+
+# ---------------------------------------------------------------------- compile sizes
+def test_compile_sizes_are_sorted_deduplicated_and_may_name_the_capture_sizes():
+    config = CompilationConfig(compile_sizes=[16, "cudagraph_capture_sizes", 3, 16], cudagraph_capture_sizes=[4, 16])
+    assert config.compile_sizes == (3, 4, 16)
+    assert CompilationConfig(compile_sizes=(1, 65536), level=2).compile_sizes == (1, 65536)
+    assert CompilationConfig().compile_sizes == ()
+    assert CompilationConfig.parse('{"compile_sizes": [2, 2]}').describe()["compile_sizes"] == [2]
+    assert CompilationConfig(compile_sizes=[4]).for_eager().compile_sizes == ()

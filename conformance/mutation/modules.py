@@ -62,6 +62,7 @@ MODULES: dict[str, Module] = {
             "conformance/test_graph_replays.py",
             "conformance/test_stale_outputs.py",
             "conformance/test_custom_ops.py",
+            "conformance/test_compile_sizes.py",
         ),
     ),
     "compilation.cache": Module(
