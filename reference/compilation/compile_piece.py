@@ -87,7 +87,8 @@ def compile_sizes(module: torch.fx.GraphModule, config: CompilationConfig, size_
     ``size_args`` (its shapes are static already) or without compile sizes."""
     if not size_args:
         return {}
-    return {size: _inductor(module, inputs_at(module, size), "from_example_inputs", config) for size in config.compile_sizes}
+    sizes = config.compile_sizes
+    return {size: _inductor(module, inputs_at(module, size), "from_example_inputs", config) for size in sizes}
 
 
 class SizeDispatch:
