@@ -198,3 +198,25 @@ def test_odd_batch_sizes_are_padded_and_sliced_correctly(mode, impl):
         logits = prefill_and_decode(runners, _prompts(lengths, hf.vocab_size, seed=batch), 3, leader="reference")
         for step in range(4):
             assert_error_within_twice_eager(logits[mode][step], logits["eager"][step], logits["reference"][step])
+
+
+# ---------------------------------------------------------------------- a piece's token-count arguments
+@pytest.mark.requires("components")
+def test_a_piece_whose_token_counts_disagree_runs_without_its_graph():
+    """Dynamo may give equal token dimensions two symbols, so a piece can take two counts; the graph captured
+    when both were 4 must not replay for a call where the second is 3 (its kernels would read 4 rows)."""
+    from reference.compilation.cuda_graph import CUDAGraphPiece
+
+    def piece(x, n, m):
+        return x[:n] * 2 + x[:m].sum()
+
+    graphed = CUDAGraphPiece(
+        "submod_0", piece, size_args=(1, 2), capture_sizes=(4,), num_warmups=1,
+        pool=torch.cuda.graph_pool_handle(), stream=torch.cuda.Stream(), debug_addresses=False,
+    )  # fmt: skip
+    x = torch.randn(4, 8, device="cuda")
+    with expect_counters(num_cudagraph_eager_runs=1, num_cudagraph_captured=1, num_cudagraph_replays=1):
+        for _ in range(3):  # warm-up, capture, replay
+            graphed(x, 4, 4)
+    with expect_counters(num_cudagraph_eager_runs=1, num_cudagraph_replays=0):
+        assert torch.equal(graphed(x, 4, 3), piece(x, 4, 3))

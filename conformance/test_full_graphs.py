@@ -151,3 +151,25 @@ def test_full_graphs_in_float64_are_refused_on_cuda(impl):
     with pytest.raises(ValueError, match=r"full graphs need the Triton decode attention .* got torch.float64") as err:
         make_runner(impl, "no_inductor_full", small_llama_config(), device="cuda", dtype=torch.float64)
     assert "\n" not in str(err.value) and re.search("use 'piecewise'", str(err.value))
+
+
+@pytest.mark.gpu
+@pytest.mark.requires("components")
+def test_debug_addresses_names_the_full_graph_when_an_input_moved():
+    """The full-graph wrapper's own check (the piecewise one is test_cuda_graph's): after warm-up, capture and a
+    replay from the captured address, a step whose input lies elsewhere raises, naming the graph's key."""
+    from reference.compilation.full_graph import FullCUDAGraphs
+    from reference.forward_context import ForwardContext, set_forward_context
+
+    graphs = FullCUDAGraphs(lambda x: x * 2, num_warmups=1, debug_addresses=True)
+    step = ForwardContext(cudagraph_runtime_mode="FULL", batch_descriptor=BatchDescriptor(4, True))
+    x = torch.randn(4, 8, device="cuda")
+    for _ in range(3):
+        with set_forward_context(step):
+            assert torch.equal(graphs(x), x * 2)
+    moved = x.clone()  # x stays alive, so the allocator cannot hand its block to the clone
+    with set_forward_context(step), pytest.raises(
+        RuntimeError, match=r"CUDA graph of the full graph for BatchDescriptor\(num_tokens=4, uniform_decode=True\): "
+        r"input 0 moved from 0x"
+    ):
+        graphs(moved)
