@@ -107,9 +107,16 @@ def test_non_string_keys_are_reported_as_unknown():
         CompilationConfig.parse("{1: 2, 'levle': 3}")
 
 
-def test_a_non_dict_value_is_rejected():
-    with pytest.raises(ConfigError, match="expected a dict.*got list"):
+def test_a_non_dict_value_is_rejected_naming_its_type_and_value():
+    with pytest.raises(ConfigError, match=r"got list: \[\('level', 3\)\]$"):
         CompilationConfig.parse([("level", 3)])
+    # a string is echoed as typed, with its type's article
+    with pytest.raises(ConfigError, match=r"got '\[1\]', a list$"):
+        CompilationConfig.parse("[1]")
+    with pytest.raises(ConfigError, match=r"got '\(1,\)', a tuple$"):
+        CompilationConfig.parse("(1,)")
+    with pytest.raises(ConfigError, match=r"got '\+3', an int \(a level is a bare digit: 3\)$"):
+        CompilationConfig.parse("+3")
 
 
 @pytest.mark.parametrize(
@@ -176,6 +183,10 @@ WRONG_VALUES = [
     ("cudagraph_num_of_warmups", 1.5, "cudagraph_num_of_warmups: expected an int >= 0, got 1.5"),
     ("inductor_compile_config", "max_autotune", "inductor_compile_config: expected a dict with string keys"),
     ("inductor_compile_config", {1: True}, "inductor_compile_config: expected a dict with string keys"),
+    ("cache_dir", 5, r"^cache_dir: expected str, got int 5$"),
+    ("cache_dir", "  ", r"^cache_dir: expected a folder path \(or '' for the default\), got '  ': a path holds no NUL "
+     "character and is not only spaces$"),
+    ("cache_dir", "a\0b", r"^cache_dir: expected a folder path \(or '' for the default\), got 'a\\x00b': a path"),
     ("compile_sizes", [0], r"compile_sizes: expected a list of ints in 1\.\.65536 \(token counts\) and the string "
      "'cudagraph_capture_sizes', got item 0"),
     ("compile_sizes", "8", r"compile_sizes: expected a list of ints in 1\.\.65536 .*, got '8'"),
@@ -236,8 +247,14 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         ),
         (
             {"use_inductor": False, "compile_sizes": [8]},
-            r"compile_sizes is set but use_inductor=False, level=3: static-shape compiles are Inductor's.*; drop "
-            "compile_sizes or use use_inductor=True at level 2 or 3",
+            r"^compile_sizes is set but use_inductor=False, level=3: static-shape compiles are Inductor's, beside "
+            r"the one symbolic-shape trace of levels 2-3 \(without Inductor a piece is the same FX code at every "
+            r"size\); drop compile_sizes or use use_inductor=True at level 2 or 3$",
+        ),
+        (
+            {"level": 1, "cache_dir": "x"},
+            r"^cache_dir is set but level=1; the compile cache serves levels 2 and 3 \(traced once\), level 1 uses "
+            r"torch's own caches; drop cache_dir or use level 2 or 3$",
         ),
         ({"level": 1, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=1"),
         ({"level": 0, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=0"),
@@ -263,6 +280,7 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "splitting_ops_at_level2",
         "splitting_ops_at_level1",
         "compile_sizes_without_inductor",
+        "cache_dir_at_level1",
         "compile_sizes_at_level1",
         "compile_sizes_at_level0",
         "sizes_below_max",
@@ -494,3 +512,16 @@ def test_compile_sizes_are_sorted_deduplicated_and_may_name_the_capture_sizes():
     assert CompilationConfig().compile_sizes == ()
     assert CompilationConfig.parse('{"compile_sizes": [2, 2]}').describe()["compile_sizes"] == [2]
     assert CompilationConfig(compile_sizes=[4]).for_eager().compile_sizes == ()
+
+
+# ---------------------------------------------------------------------- the compile cache's folder
+def test_cache_dir_is_kept_as_a_string_and_serves_levels_2_and_3(tmp_path):
+    assert CompilationConfig(cache_dir=tmp_path / "c").cache_dir == str(tmp_path / "c")  # a path object
+    assert CompilationConfig(cache_dir="c", level=2, cudagraph_mode="none").cache_dir == "c"
+    assert CompilationConfig(cache_dir="c").describe()["cache_dir"] == "c"
+
+
+def test_enforce_eager_drops_the_settings_only_compilation_uses():
+    eager = CompilationConfig(cache_dir="c", compile_sizes=[4], inductor_compile_config={"max_autotune": True})
+    eager = eager.for_eager()
+    assert (eager.cache_dir, eager.compile_sizes, eager.inductor_compile_config) == ("", (), {})
