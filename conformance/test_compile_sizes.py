@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.helpers import DEVICES, StaticTokens, token_ids
+from conformance.helpers import DEVICES, StaticTokens, make_runner, small_llama_config, token_ids
 from reference.compilation import backend, compile_piece, expect_counters
 from reference.compilation.compile_piece import SizeDispatch
-from reference.config import CompilationConfig, mode_config
+from reference.config import CompilationConfig, ConfigError, mode_config
 from reference.models.toy_llama import TOY_SPLITTING_OPS, ToyLlama, expected_hidden, toy_llama_config
 from reference.ops import CustomOpSelection
 
@@ -83,7 +83,7 @@ def test_a_call_at_a_compile_size_runs_that_sizes_compile_and_no_other_call_does
     symbolic compile. On CUDA a capture size's static compile runs at its warm-up and its capture, then
     replays inside the graph, so it is seen there too."""
     seen: dict[int, list[int]] = {size: [] for size in COMPILE_SIZES}
-    real = compile_piece.compile_sizes
+    real = compile_piece.compile_static
 
     def recording(module, config, size_args):
         def spy(size, run):
@@ -91,7 +91,7 @@ def test_a_call_at_a_compile_size_runs_that_sizes_compile_and_no_other_call_does
 
         return {size: spy(size, run) for size, run in real(module, config, size_args).items()}
 
-    monkeypatch.setattr(backend, "compile_sizes", recording)
+    monkeypatch.setattr(backend, "compile_static", recording)
     config = _config(3, TOY_SPLITTING_OPS)
     hf = toy_llama_config(num_layers=2)
     compiled = impl.compile(ToyLlama(hf, CustomOpSelection(config)).to(device), config)
@@ -108,3 +108,16 @@ def test_the_dispatch_needs_every_token_count_argument_to_equal_a_compile_size()
     assert dispatch(4, "x", 4) == "static 4"
     assert dispatch(4, "x", 5) == "any"
     assert dispatch(5, "x", 5) == "any"
+
+
+@pytest.mark.requires("components")
+@pytest.mark.parametrize("sizes, never", [([5], [5]), ([8, 12, 20], [20]), ([4, 6, 16], [6])])
+def test_the_engine_refuses_a_compile_size_no_step_runs_at(sizes, never, impl):
+    """Steps are padded to the next capture size (4 or 8) and hold at most 16 tokens, so 5, 6 and 20 never reach
+    the model; 12 does (above the largest capture size, a step runs at its own count)."""
+    settings = dict(cudagraph_capture_sizes=[4, 8], max_num_batched_tokens=16)
+    with pytest.raises(ConfigError, match=rf"^compile_sizes \[{never[0]}\] never run: a step is padded to the next "
+                       r"capture size \(largest 8\) and holds at most max_num_batched_tokens=16 tokens; list capture "
+                       "sizes, or counts above the largest capture size up to max_num_batched_tokens$"):
+        make_runner(impl, "inductor", small_llama_config(), compile_sizes=sizes, **settings)
+    make_runner(impl, "inductor", small_llama_config(), compile_sizes=[4, 8, 12, 16], **settings)  # all reachable

@@ -187,7 +187,7 @@ WRONG_VALUES = [
     ("cache_dir", "  ", r"^cache_dir: expected a folder path \(or '' for the default\), got '  ': a path holds no NUL "
      "character and is not only spaces$"),
     ("cache_dir", "a\0b", r"^cache_dir: expected a folder path \(or '' for the default\), got 'a\\x00b': a path"),
-    ("compile_sizes", [0], r"compile_sizes: expected a list of ints in 1\.\.65536 \(token counts\) and the string "
+    ("compile_sizes", [0], r"compile_sizes: expected a list of ints in 1\.\.65536 \(token counts\) or the string "
      "'cudagraph_capture_sizes', got item 0"),
     ("compile_sizes", "8", r"compile_sizes: expected a list of ints in 1\.\.65536 .*, got '8'"),
     ("compile_sizes", [True], r"compile_sizes: expected .*, got item True"),
@@ -247,17 +247,25 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         ),
         (
             {"use_inductor": False, "compile_sizes": [8]},
-            r"^compile_sizes is set but use_inductor=False, level=3: static-shape compiles are Inductor's, beside "
-            r"the one symbolic-shape trace of levels 2-3 \(without Inductor a piece is the same FX code at every "
-            r"size\); drop compile_sizes or use use_inductor=True at level 2 or 3$",
+            r"^compile_sizes is set but use_inductor=False: static-shape compiles are Inductor's \(without it a piece "
+            r"is the same FX code at every size\); drop compile_sizes or set use_inductor=True$",
+        ),
+        (
+            {"compile_sizes": ["cudagraph_capture_sizes"], "cudagraph_mode": "none"},
+            r"^compile_sizes: 'cudagraph_capture_sizes' names the sizes CUDA graphs capture, but cudagraph_mode='none' "
+            r"captures none; list the token counts instead$",
         ),
         (
             {"level": 1, "cache_dir": "x"},
             r"^cache_dir is set but level=1; the compile cache serves levels 2 and 3 \(traced once\), level 1 uses "
             r"torch's own caches; drop cache_dir or use level 2 or 3$",
         ),
-        ({"level": 1, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=1"),
-        ({"level": 0, "compile_sizes": [8]}, r"compile_sizes is set but use_inductor=True, level=0"),
+        (
+            {"level": 1, "compile_sizes": [8]},
+            r"^compile_sizes is set but level=1: static-shape compiles sit beside the one symbolic-shape trace of "
+            r"levels 2-3; drop compile_sizes or use level 2 or 3 with Inductor$",
+        ),
+        ({"level": 0, "compile_sizes": [8], "use_inductor": False}, r"^compile_sizes is set but level=0: "),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
         ({"custom_ops": ["+rms_norm", "-rms_norm"]}, r"custom_ops: '\+rms_norm' and '-rms_norm' contradict each other"),
         (
@@ -280,6 +288,7 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "splitting_ops_at_level2",
         "splitting_ops_at_level1",
         "compile_sizes_without_inductor",
+        "compile_sizes_naming_capture_sizes_without_graphs",
         "cache_dir_at_level1",
         "compile_sizes_at_level1",
         "compile_sizes_at_level0",
@@ -511,7 +520,6 @@ def test_compile_sizes_are_sorted_deduplicated_and_may_name_the_capture_sizes():
     assert CompilationConfig(compile_sizes=(1, 65536), level=2).compile_sizes == (1, 65536)
     assert CompilationConfig().compile_sizes == ()
     assert CompilationConfig.parse('{"compile_sizes": [2, 2]}').describe()["compile_sizes"] == [2]
-    assert CompilationConfig(compile_sizes=[4]).for_eager().compile_sizes == ()
 
 
 # ---------------------------------------------------------------------- the compile cache's folder
@@ -521,7 +529,9 @@ def test_cache_dir_is_kept_as_a_string_and_serves_levels_2_and_3(tmp_path):
     assert CompilationConfig(cache_dir="c").describe()["cache_dir"] == "c"
 
 
-def test_enforce_eager_drops_the_settings_only_compilation_uses():
-    eager = CompilationConfig(cache_dir="c", compile_sizes=[4], inductor_compile_config={"max_autotune": True})
-    eager = eager.for_eager()
-    assert (eager.cache_dir, eager.compile_sizes, eager.inductor_compile_config) == ("", (), {})
+def test_enforce_eager_drops_the_settings_only_compilation_uses_and_refuses_compile_sizes():
+    eager = CompilationConfig(cache_dir="c", inductor_compile_config={"max_autotune": True}).for_eager()
+    assert (eager.cache_dir, eager.inductor_compile_config, eager.level) == ("", {}, 0)
+    with pytest.raises(ConfigError, match=r"^enforce_eager=True contradicts compile_sizes=\[4, 8\] \(Inductor's "
+                       r"static-shape compiles\); drop one of them$"):
+        CompilationConfig(compile_sizes=[8, 4]).for_eager()

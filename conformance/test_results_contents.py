@@ -100,6 +100,11 @@ def test_the_header_says_what_ran_and_notes_a_cpu_runs_missing_graphs_and_floor(
     no_graphs = copy.deepcopy(cpu)
     no_graphs["results"] = [r for r in no_graphs["results"] if r.get("compilation_config", {}).get("level") != 3]
     assert "CUDA graphs need CUDA" not in markdown_header(no_graphs)
+    overridden = copy.deepcopy(doc)
+    overridden["settings"]["compilation_config_overrides"] = {"compile_sizes": [8], "custom_ops": ["none"]}
+    assert markdown_header(overridden).splitlines()[1:] == [
+        'compiled modes\' config overrides (-O): {"compile_sizes": [8], "custom_ops": ["none"]}'
+    ]
 
 
 def test_the_report_file_gives_the_run_its_machine_its_floor_and_the_table():

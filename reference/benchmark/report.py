@@ -49,8 +49,9 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 
 def markdown_header(doc: dict[str, Any]) -> str:
-    """Two lines over the printed table: what ran (model, device, dtype, sizes) and, on a CPU, the note that
-    the compiled modes ran without CUDA graphs."""
+    """The lines over the printed table: what ran (model, device, dtype, sizes), the ``-O`` overrides of the
+    compiled modes' config if any, and on a CPU the notes that the compiled modes ran without CUDA graphs and
+    that there is no floor."""
     env, s = doc["env"], doc["settings"]
     device = env["gpu"] or f"cpu ({env['cpu']})"
     lines = [
@@ -58,6 +59,8 @@ def markdown_header(doc: dict[str, Any]) -> str:
         f"{s['output_len']} generated tokens; {s['num_iters']} timed call(s) after {s['num_iters_warmup']} warm-up"
         + (f"; tensor parallel x{tp}" if (tp := s.get("tensor_parallel_size", 1)) > 1 else "")
     ]
+    if overrides := s.get("compilation_config_overrides"):
+        lines.append(f"compiled modes' config overrides (-O): {json.dumps(overrides)}")
     if not env["gpu"] and any(r.get("compilation_config", {}).get("level") == 3 for r in doc["results"]):
         lines.append("note: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them")
     if not doc["bandwidth_Bps"]:

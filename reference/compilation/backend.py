@@ -2,7 +2,8 @@
 
 ``torch.compile(fn, backend=PiecewiseBackend(config))`` hands us Dynamo's FX graph once. At level 3 we
 split it at ``config.splitting_ops`` (:mod:`.split`), compile every other piece for the symbolic token
-count (:mod:`.compile_piece`) and, with piecewise graphs (``cudagraph_mode`` ``'piecewise'`` or
+count (:mod:`.compile_piece`; with ``compile_sizes`` also once per listed count, routed by a
+:class:`~.compile_piece.SizeDispatch`) and, with piecewise graphs (``cudagraph_mode`` ``'piecewise'`` or
 ``'full_and_piecewise'``) on CUDA, wrap each compiled piece
 in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces run eagerly, calling the op's registered
 Python function directly when it has one. At levels 1 and 2 the whole graph is compiled as one piece,
@@ -16,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from reference.compilation.compile_piece import SizeDispatch, compile_piece, compile_sizes, example_inputs
+from reference.compilation.compile_piece import SizeDispatch, compile_piece, compile_static, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
@@ -195,7 +196,7 @@ class PiecewiseBackend:
             self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
         self._check_pieces(pieces)
         compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
-        static = {name: compile_sizes(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
+        static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
         if self.cache_writer is not None:
             self.cache_writer.compiled(compiled, static)
         compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}

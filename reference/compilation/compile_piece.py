@@ -45,7 +45,8 @@ def inputs_at(module: torch.fx.GraphModule, size: int) -> list:
     """Example inputs for a static-shape compile of ``module`` at ``size`` tokens: each recorded tensor as an
     uninitialised tensor of its dtype and device, its shape and strides with every symbol set to ``size``
     (a piece's symbols are all token counts, equal at run time: only the token dimension is marked dynamic),
-    and ``size`` itself for a SymInt input."""
+    and ``size`` itself for a SymInt input. The tensors are real, on the piece's device, alive for one compile:
+    a layer piece's weights take their size again for that long (0.4 GiB for an 8B layer in bf16)."""
     inputs = []
     for value in example_inputs(module):
         if isinstance(value, torch.Tensor):
@@ -81,7 +82,7 @@ def compile_piece(module: torch.fx.GraphModule, config: CompilationConfig) -> Ca
     return _inductor(module, example_inputs(module), "from_graph", config)
 
 
-def compile_sizes(module: torch.fx.GraphModule, config: CompilationConfig, size_args: tuple[int, ...]) -> dict:
+def compile_static(module: torch.fx.GraphModule, config: CompilationConfig, size_args: tuple[int, ...]) -> dict:
     """Inductor's static-shape compiles of ``module``, token count -> callable, one per ``config.compile_sizes``
     (each counted as one backend and one Inductor compile); empty for a piece without token-count arguments
     ``size_args`` (its shapes are static already) or without compile sizes."""

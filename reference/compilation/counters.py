@@ -20,8 +20,9 @@ class CompilationCounter:
         num_graphs_seen: Dynamo graphs handed to our backend.
         num_piecewise_graphs_seen: pieces after splitting, splitting-op pieces included.
         num_piecewise_capturable_graphs_seen: pieces that are not splitting ops (compiled, capturable).
-        num_backend_compilations: pieces (or whole graphs) compiled, by either compiler.
-        num_inductor_compiles: compilations done by Inductor.
+        num_backend_compilations: compilations of a piece (or whole graph), by either compiler: one per piece,
+            and one more per ``compile_sizes`` entry for a piece with a token-count argument.
+        num_inductor_compiles: compilations done by Inductor (static-shape ones for ``compile_sizes`` too).
         num_eager_compiles: compilations that kept the piece as eager FX code.
         num_cudagraph_captured: piecewise CUDA graphs captured (one per capturable piece and capture size;
             for breakable graphs one per segment and capture size).

@@ -112,9 +112,11 @@ class CompilationConfig:
     * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
     * ``compile_sizes`` [[]] (vLLM's field): token counts at which Inductor also compiles each piece with static
       shapes, beside the one symbolic-shape compile that serves every other count; a call at such a count runs
-      that compile (inside its CUDA graph when the count is also a capture size). Positive ints, and the string
-      ``'cudagraph_capture_sizes'`` for every capture size; deduplicated and sorted. Levels 2-3 with
-      ``use_inductor`` only: vLLM accepts the field without Inductor, where it changes nothing.
+      that compile (inside its CUDA graph when the count is also a capture size). Ints in 1..65536, or the
+      string ``'cudagraph_capture_sizes'`` for every capture size (refused with ``cudagraph_mode='none'``,
+      which captures none); resolved to a sorted tuple of ints. Levels 2-3 with ``use_inductor`` only:
+      vLLM accepts the field without Inductor, where it changes nothing. The engine also refuses a size no
+      step can run at (:class:`~reference.engine.ModelRunner`: steps are padded to capture sizes).
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -139,7 +141,7 @@ class CompilationConfig:
     max_cudagraph_capture_size: int | None = None
     cudagraph_num_of_warmups: int = 1
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
-    compile_sizes: tuple[int, ...] | None = None
+    compile_sizes: tuple[int | str, ...] | None = None  # resolved to a tuple of ints
     debug_cudagraph_addresses: bool = False
     debug_cudagraph_outputs: bool = False
     cache_dir: str = ""
@@ -214,12 +216,17 @@ class CompilationConfig:
 
     def _resolve_compile_sizes(self) -> None:
         sizes = () if self.compile_sizes is None else self.compile_sizes
-        allowed = f"a list of ints in 1..{MAX_CAPTURE_SIZE} (token counts) and the string 'cudagraph_capture_sizes'"
+        allowed = f"a list of ints in 1..{MAX_CAPTURE_SIZE} (token counts) or the string 'cudagraph_capture_sizes'"
         if not isinstance(sizes, (list, tuple)):
             raise ConfigError(f"compile_sizes: expected {allowed}, got {echo(sizes)}")
         resolved: set[int] = set()
         for size in sizes:
             if size == "cudagraph_capture_sizes":
+                if self.cudagraph_mode == "none":
+                    raise ConfigError(
+                        "compile_sizes: 'cudagraph_capture_sizes' names the sizes CUDA graphs capture, but "
+                        "cudagraph_mode='none' captures none; list the token counts instead"
+                    )
                 resolved.update(self.cudagraph_capture_sizes)
             elif isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CAPTURE_SIZE:
                 raise ConfigError(f"compile_sizes: expected {allowed}, got item {echo(size)}")
@@ -242,11 +249,15 @@ class CompilationConfig:
             )
         if self.inductor_compile_config and not self.use_inductor:
             raise ConfigError("inductor_compile_config is set but use_inductor=False; drop one of them")
-        if self.compile_sizes and not (self.use_inductor and self.level >= 2):
+        if self.compile_sizes and self.level < 2:
             raise ConfigError(
-                f"compile_sizes is set but use_inductor={self.use_inductor}, level={self.level}: static-shape compiles "
-                "are Inductor's, beside the one symbolic-shape trace of levels 2-3 (without Inductor a piece is the "
-                "same FX code at every size); drop compile_sizes or use use_inductor=True at level 2 or 3"
+                f"compile_sizes is set but level={self.level}: static-shape compiles sit beside the one "
+                "symbolic-shape trace of levels 2-3; drop compile_sizes or use level 2 or 3 with Inductor"
+            )
+        if self.compile_sizes and not self.use_inductor:
+            raise ConfigError(
+                "compile_sizes is set but use_inductor=False: static-shape compiles are Inductor's (without it a "
+                "piece is the same FX code at every size); drop compile_sizes or set use_inductor=True"
             )
         if self.inductor_compile_config and self.level == 0:
             raise ConfigError("inductor_compile_config is set but level=0 compiles nothing; drop it or use level >= 1")
@@ -296,13 +307,18 @@ class CompilationConfig:
         """This config with ``enforce_eager`` applied: level 0 and no CUDA graphs.
 
         Raises:
-            ConfigError: the caller explicitly asked for compilation (level >= 1) or CUDA graphs, which
-                ``enforce_eager`` cannot honour. vLLM silently overrides such settings instead.
+            ConfigError: the caller explicitly asked for compilation (level >= 1), CUDA graphs or compile
+                sizes, which ``enforce_eager`` cannot honour. vLLM silently overrides such settings instead.
         """
         if "level" in self._explicit and self.level != 0:
             raise ConfigError(
                 f"enforce_eager=True contradicts compilation_config level={self.level}; "
                 "drop enforce_eager or set level=0"
+            )
+        if self.compile_sizes:
+            raise ConfigError(
+                f"enforce_eager=True contradicts compile_sizes={list(self.compile_sizes)} (Inductor's static-shape "
+                "compiles); drop one of them"
             )
         if "cudagraph_mode" in self._explicit and self.cudagraph_mode != "none":
             raise ConfigError(
@@ -315,7 +331,6 @@ class CompilationConfig:
             cudagraph_mode="none",
             splitting_ops=None,
             inductor_compile_config={},
-            compile_sizes=(),
             cache_dir="",
         )
 

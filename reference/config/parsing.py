@@ -23,7 +23,9 @@ def echo(value: Any, limit: int = 200) -> str:
     try:
         text = repr(value)
     except ValueError:  # an int past Python's digit limit for conversion (sys.get_int_max_str_digits)
-        return f"an int of about {value.bit_length() * 0.30103:.0f} digits"
+        if isinstance(value, int):
+            return f"an int of about {value.bit_length() * 0.30103:.0f} digits"
+        return f"a {type(value).__name__} holding an int of more digits than Python prints"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 

@@ -136,8 +136,8 @@ class ModelRunner:
             max_model_len``, or the KV cache and input buffers exceed the device's free memory (the
             machine's physical memory on a CPU).
         ConfigError: no capture size fits the steps (piecewise: at most ``max_num_batched_tokens``; full:
-            at most ``max_num_seqs``), or full graphs on CUDA for a dtype without the Triton decode kernel
-            (the torch path reads host lengths a graph would freeze).
+            at most ``max_num_seqs``), full graphs on CUDA for a dtype without the Triton decode kernel
+            (the torch path reads host lengths a graph would freeze), or a compile size no step runs at.
     """
 
     def __init__(
@@ -200,6 +200,7 @@ class ModelRunner:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        self._check_compile_sizes(config)
         # per-step lengths (row 0) and cache rows (row 1) that full graphs read; padding has length 0
         self.full_metadata = None
         if self.full_sizes:
@@ -207,6 +208,18 @@ class ModelRunner:
         self.startup = StartupStats()
         self.last_dispatch: StepDispatch | None = None
         self.dispatch_counts: collections.Counter[str] = collections.Counter()
+
+    def _check_compile_sizes(self, config: CompilationConfig) -> None:
+        """Every compile size is a token count some step runs the model at: a step is padded to the next capture
+        size, and none holds more than ``max_num_tokens`` (vLLM refuses such sizes too)."""
+        never = [s for s in config.compile_sizes if s > self.max_num_tokens or self.padded_size(s) != s]
+        if never:
+            largest = self.capture_sizes[-1] if self.capture_sizes else None
+            raise ConfigError(
+                f"compile_sizes {never} never run: a step is padded to the next capture size (largest {largest}) and "
+                f"holds at most max_num_batched_tokens={self.max_num_tokens} tokens; list capture sizes, or counts "
+                "above the largest capture size up to max_num_batched_tokens"
+            )
 
     def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:
         if not config.full_graphs:
