@@ -138,8 +138,14 @@ HUGE = "9" * 5000  # more digits than Python converts to an int by default (4300
 
 @pytest.mark.parametrize(
     "value",
-    [f'{{"level": {HUGE}}}', f"{{'level': {HUGE}}}", {"cudagraph_capture_sizes": [2**20000]}, {"level": 2**20000}],
-    ids=["json", "python_literal", "huge_int_in_a_list", "huge_int"],
+    [
+        f'{{"level": {HUGE}}}',
+        f"{{'level': {HUGE}}}",
+        {"cudagraph_capture_sizes": [2**20000]},
+        {"level": 2**20000},
+        {"compile_sizes": {2**20000}},  # a set is no list: echoed whole, it would print the int
+    ],
+    ids=["json", "python_literal", "huge_int_in_a_list", "huge_int", "huge_int_in_a_set"],
 )
 def test_a_value_of_thousands_of_digits_is_a_short_config_error(value):
     """json refuses such an int with a bare ValueError, and repr() of one (for the message) raises too."""
