@@ -154,6 +154,12 @@ def test_a_value_of_thousands_of_digits_is_a_short_config_error(value):
     assert len(str(err.value)) < 400, str(err.value)[:500]
 
 
+def test_a_container_holding_an_int_too_long_to_print_is_named_by_its_type():
+    with pytest.raises(ConfigError, match=r"got a set holding an int of more digits than Python prints$"):
+        CompilationConfig(compile_sizes={2**20000})
+
+
+
 # ---------------------------------------------------------------------- field types and values
 GRAPH_MODES_ALLOWED = (
     r"cudagraph_mode: expected one of \['none', 'piecewise', 'full_decode_only', 'full_and_piecewise'\]"
