@@ -3,9 +3,13 @@
 Tolerances: in fp32 both sides compute the same formula with different reduction orders, so they agree
 to a few fp32 ulps (rtol 1e-5). In bf16 the kernels keep fp32 intermediates where torch rounds to bf16
 after each op, so outputs may differ by one bf16 rounding step of the result (relative 2**-8 = 0.0039);
-we allow 0.008 relative (two steps), and for attention, whose inputs are summed over the context, an
-absolute 2e-2 on unit-scale outputs. RoPE's outputs can cancel to near zero, so its bf16 error is bounded
-by the pair it rotates, not by the output: see ``_assert_rotated_close``.
+we allow 0.008 relative (two steps). Attention gets the same relative bound plus an absolute 2e-2: its output
+is a weighted sum of unit-scale values, which can cancel to near zero, where the rounding of the terms (not
+of the result) bounds the difference. The relative part matters where few keys are seen: a prompt's first
+tokens attend to one or a few values, so an output can be 2-4 in magnitude, where two bf16 steps are 0.016-0.031
+(an absolute bound alone failed there on the H200 at 2f873eb: 0.0234 at 2 of 212,480 elements). RoPE's
+outputs can cancel to near zero, so its bf16 error is bounded by the pair it rotates, not by the output: see
+``_assert_rotated_close``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ DTYPES = {"fp32": (torch.float32, dict(rtol=1e-5, atol=1e-5)), "bf16": (torch.bf
 @pytest.fixture(params=list(DTYPES), ids=list(DTYPES))
 def dtype_tol(request):
     return DTYPES[request.param]
+
+
+def _attention_tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """Triton's attention against the torch path (module doc): fp32 reduction order alone in fp32; in bf16 two
+    rounding steps of the output, relative, plus 2e-2 absolute for outputs the weighted sum cancels."""
+    return dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=2e-2)
 
 
 def _tk():
@@ -172,8 +182,7 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
         caches.append(layer.kv_cache)
     torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
     assert outs[0][3:].isnan().all(), "padding rows must not be written"
-    atol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(outs[0][:3], outs[1][:3], rtol=0, atol=atol)
+    torch.testing.assert_close(outs[0][:3], outs[1][:3], **_attention_tolerance(dtype))
 
 
 @pytest.mark.parametrize(
@@ -214,5 +223,4 @@ def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap,
         caches.append(layer.kv_cache)
     torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
     assert outs[0][n:].isnan().all(), "padding rows must not be written"
-    atol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(outs[0][:n], outs[1][:n], rtol=0, atol=atol)
+    torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(dtype))
