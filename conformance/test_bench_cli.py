@@ -175,6 +175,12 @@ BAD_FLAGS = [
         id="inductor-options-with-inductor-off",
     ),
     pytest.param(
+        ["--modes", "eager,inductor", "--batch-size", "2", "--input-len", "8", "-O.compile_sizes=[4]"],
+        r"--compilation-config: with mode 'inductor': compile_sizes \[4\] never run: a step is padded to the next "
+        r"capture size \(\[1, 2, 8, 16\]\); list capture sizes, or counts above the largest one up to 16",
+        id="compile-size-no-step-runs-at",
+    ),
+    pytest.param(
         ["--modes", "eager", "--compilation-config", "{'level': 3}"],
         "--compilation-config applies only to compiled",
         id="config-with-only-eager",

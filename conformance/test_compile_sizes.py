@@ -111,13 +111,27 @@ def test_the_dispatch_needs_every_token_count_argument_to_equal_a_compile_size()
 
 
 @pytest.mark.requires("components")
-@pytest.mark.parametrize("sizes, never", [([5], [5]), ([8, 12, 20], [20]), ([4, 6, 16], [6])])
+@pytest.mark.parametrize("sizes, never", [([5], [5]), ([4, 6, 16], [6]), ([2, 8], [2])])
 def test_the_engine_refuses_a_compile_size_no_step_runs_at(sizes, never, impl):
-    """Steps are padded to the next capture size (4 or 8) and hold at most 16 tokens, so 5, 6 and 20 never reach
-    the model; 12 does (above the largest capture size, a step runs at its own count)."""
+    """Steps are padded to the next capture size (4 or 8), so 2, 5 and 6 never reach the model; 16 does (above
+    the largest capture size a step runs at its own count)."""
     settings = dict(cudagraph_capture_sizes=[4, 8], max_num_batched_tokens=16)
     with pytest.raises(ConfigError, match=rf"^compile_sizes \[{never[0]}\] never run: a step is padded to the next "
-                       r"capture size \(largest 8\) and holds at most max_num_batched_tokens=16 tokens; list capture "
-                       "sizes, or counts above the largest capture size up to max_num_batched_tokens$"):
+                       r"capture size \(\[4, 8\]\); list capture sizes, or counts above the largest one up to "
+                       "max_num_batched_tokens$"):
         make_runner(impl, "inductor", small_llama_config(), compile_sizes=sizes, **settings)
     make_runner(impl, "inductor", small_llama_config(), compile_sizes=[4, 8, 12, 16], **settings)  # all reachable
+
+
+@pytest.mark.requires("components")
+def test_compile_sizes_above_the_step_limit_are_dropped_with_one_warning_like_capture_sizes(impl):
+    """'cudagraph_capture_sizes' names 32 too, which no step of at most 16 tokens reaches: the runner skips
+    that capture size, and compiles nothing for it."""
+    settings = dict(cudagraph_capture_sizes=[4, 8, 32], max_num_batched_tokens=16)
+    with pytest.warns(RuntimeWarning) as caught:
+        runner = make_runner(impl, "inductor", small_llama_config(), compile_sizes=["cudagraph_capture_sizes"],
+                             **settings)  # fmt: skip
+    said = [str(w.message) for w in caught]
+    assert ("1 compile sizes exceed max_num_batched_tokens (16) and are not compiled (no step has that many "
+            "tokens): [32]") in said  # fmt: skip
+    assert runner.config.compile_sizes == (4, 8)

@@ -241,7 +241,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 parser.error(f"--compilation-config: with mode {mode!r}: {err}")
     import torch
 
+    from reference.engine.arguments import compile_sizes_never_run, engine_config
     from reference.models import registry
+
+    tokens = args.batch_size * args.input_len  # the prefill: the engine's max_num_batched_tokens (module doc)
+    for mode in compiled if args.compilation_config is not None else ():
+        config = engine_config(
+            mode_kwargs(mode, args.compilation_config)["compilation_config"],
+            enforce_eager=False,
+            max_num_seqs=args.batch_size,
+            max_num_batched_tokens=tokens,
+        )
+        never = compile_sizes_never_run(config, tokens)
+        if never:  # the engine would refuse it when the mode's LLM is built, after the modes before it ran
+            sizes = [s for s in config.cudagraph_capture_sizes if s <= tokens]
+            parser.error(
+                f"--compilation-config: with mode {mode!r}: compile_sizes {never} never run: a step is padded to the "
+                f"next capture size ({sizes}); list capture sizes, or counts above the largest one up to {tokens}"
+            )
 
     max_positions = registry.model_config(args.model).get_text_config().max_position_embeddings
     if args.input_len + args.output_len > max_positions:

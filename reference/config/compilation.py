@@ -116,7 +116,8 @@ class CompilationConfig:
       string ``'cudagraph_capture_sizes'`` for every capture size (refused with ``cudagraph_mode='none'``,
       which captures none); resolved to a sorted tuple of ints. Levels 2-3 with ``use_inductor`` only:
       vLLM accepts the field without Inductor, where it changes nothing. The engine also refuses a size no
-      step can run at (:class:`~reference.engine.ModelRunner`: steps are padded to capture sizes).
+      step can run at (:class:`~reference.engine.ModelRunner`: steps are padded to capture sizes), and drops
+      sizes above its step limit with a warning.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which

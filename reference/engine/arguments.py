@@ -148,6 +148,20 @@ def engine_config(
     return config.for_eager() if enforce_eager else config
 
 
+def compile_sizes_never_run(config: CompilationConfig, max_num_tokens: int) -> list[int]:
+    """The compile sizes of ``config`` at most ``max_num_tokens`` that no step runs the model at: a step runs
+    at the smallest piecewise capture size that holds it (``ModelRunner.padded_size``), so a count below a
+    capture size and not itself one is never seen. Sizes above ``max_num_tokens`` are the runner's to drop
+    (no step holds that many tokens), as it drops capture sizes there.
+
+    vLLM refuses such sizes too (a compile size that would be padded).
+    """
+    sizes = config.cudagraph_capture_sizes if config.piecewise_graphs else ()
+    captured = [s for s in sizes if s <= max_num_tokens]
+    padded = [s for s in config.compile_sizes if s not in captured and any(c > s for c in captured)]
+    return [s for s in padded if s <= max_num_tokens]
+
+
 def load_tokenizer(model: str, path: str | None):
     """The transformers tokenizer at ``path`` (default: the model directory's, if it has one; a pretrained
     model's conversion has its own) or None.

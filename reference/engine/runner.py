@@ -39,7 +39,7 @@ from torch import nn
 
 from reference.compilation import compilation_counter, compile_model
 from reference.config import CompilationConfig, ConfigError
-from reference.engine.arguments import check_within_positions
+from reference.engine.arguments import check_within_positions, compile_sizes_never_run
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
@@ -165,10 +165,11 @@ class ModelRunner:
             )
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.model, self.config = model, config
+        self.model = model
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
+        config = self.config = self._without_compile_sizes_above_the_limit(config)
         if compile_fn is None:  # the reference; inputs are our own static buffers, so no per-call check
             self.compiled = compile_model(model, config, check_inputs=False)
         else:
@@ -209,16 +210,29 @@ class ModelRunner:
         self.last_dispatch: StepDispatch | None = None
         self.dispatch_counts: collections.Counter[str] = collections.Counter()
 
+    def _without_compile_sizes_above_the_limit(self, config: CompilationConfig) -> CompilationConfig:
+        """``config`` without the compile sizes above ``max_num_tokens`` (no step holds that many tokens), with
+        one warning line naming them, as capture sizes there are skipped; ``'cudagraph_capture_sizes'`` may
+        have brought them in."""
+        above = [s for s in config.compile_sizes if s > self.max_num_tokens]
+        if not above:
+            return config
+        warnings.warn(
+            f"{len(above)} compile sizes exceed max_num_batched_tokens ({self.max_num_tokens}) and are not compiled "
+            f"(no step has that many tokens): {above[:8]}{'...' if len(above) > 8 else ''}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return dataclasses.replace(config, compile_sizes=[s for s in config.compile_sizes if s <= self.max_num_tokens])
+
     def _check_compile_sizes(self, config: CompilationConfig) -> None:
-        """Every compile size is a token count some step runs the model at: a step is padded to the next capture
-        size, and none holds more than ``max_num_tokens`` (vLLM refuses such sizes too)."""
-        never = [s for s in config.compile_sizes if s > self.max_num_tokens or self.padded_size(s) != s]
+        """Every compile size is a token count some step runs the model at (:func:`compile_sizes_never_run`)."""
+        never = compile_sizes_never_run(config, self.max_num_tokens)
         if never:
-            largest = self.capture_sizes[-1] if self.capture_sizes else None
             raise ConfigError(
-                f"compile_sizes {never} never run: a step is padded to the next capture size (largest {largest}) and "
-                f"holds at most max_num_batched_tokens={self.max_num_tokens} tokens; list capture sizes, or counts "
-                "above the largest capture size up to max_num_batched_tokens"
+                f"compile_sizes {never} never run: a step is padded to the next capture size "
+                f"({list(self.capture_sizes)}); list capture sizes, or counts above the largest one up to "
+                "max_num_batched_tokens"
             )
 
     def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:
