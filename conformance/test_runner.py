@@ -134,6 +134,42 @@ def test_a_decode_step_fed_a_device_tensor_equals_the_step_fed_host_lists(mode, 
     assert not torch.equal(runner.step(nxt.flip(0), context, rows), from_tensor)  # the tensor's ids are used
 
 
+@pytest.mark.parametrize("mode", RUNNER_MODES)
+def test_a_mixed_step_with_fed_decodes_equals_the_step_fed_host_lists(mode, impl):
+    """Continuous batching's mixed step: decodes fed the previous step's samples on the device (``fed``)
+    first, then prompt chunks from the host (a continuing chunk and a new prompt); the same step given
+    every id as lists computes exactly the same (bitwise: the same runner, the same input buffer)."""
+    runner = make_runner(impl, mode, HF, max_num_seqs=4)
+    rows, prompts = [3, 0], _prompts([4, 2])
+    fed = runner.step(prompts, [0, 0], rows).argmax(-1)  # [2] int64 on the model's device
+    chunk, new = _prompts([5, 3], seed=7)
+    runner.step([chunk[:2]], [0], [1])  # row 1's prompt so far: 2 of its 5 tokens
+    args = ([len(p) for p in prompts] + [2, 0], rows + [1, 2])
+    from_lists = runner.step([[t] for t in fed.tolist()] + [chunk[2:], new], *args)
+    mixed = runner.step([chunk[2:], new], *args, fed=fed)
+    torch.testing.assert_close(mixed, from_lists, rtol=0, atol=0)
+    assert mixed.shape == (4, HF.vocab_size)
+    assert not torch.equal(runner.step([chunk[2:], new], *args, fed=fed.flip(0)), mixed)  # fed's ids are used
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize(
+    "new_tokens, fed, message",
+    [
+        pytest.param([[5]], torch.tensor([1]), r"^fed: a token tensor must be \[2\] \(one per sequence\)", id="short"),
+        pytest.param([[5]], [1, 2], r"^fed: expected a \[2\] int64 token tensor on cpu, got \[1, 2\]", id="list"),
+        pytest.param([[5]], torch.tensor([1, -3]), r"^fed\[1\]: token id -3 is outside the vocabulary", id="negative"),
+        pytest.param(torch.tensor([1, 2, 3]), torch.tensor([1]), r"^new_tokens is a token tensor and fed is given",
+                     id="twice"),  # fmt: skip
+    ],
+)
+def test_bad_fed_tokens_are_refused_naming_fed(new_tokens, fed, message, impl):
+    runner = make_runner(impl, "eager", HF, max_num_seqs=4)
+    runner.step(_prompts([2, 2, 2]), [0, 0, 0], [0, 1, 2])
+    with pytest.raises(ValueError, match=message):
+        runner.step(new_tokens, [2, 2, 2], [0, 1, 2], fed=fed)
+
+
 BAD_TOKEN_TENSORS = [
     pytest.param(
         torch.tensor([1, 2]), r": a token tensor must be \[3\] \(one per sequence\) int64 on cpu, got \[2\]", id="too_few"

@@ -268,18 +268,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(
-        self, new_tokens: list[list[int]] | torch.Tensor, context_lens: list[int], rows: list[int]
+        self,
+        new_tokens: list[list[int]] | torch.Tensor,
+        context_lens: list[int],
+        rows: list[int],
+        fed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Append ``new_tokens[i]`` to sequence ``i`` (cache row ``rows[i]``, ``context_lens[i]`` tokens
+        """Append the new tokens of sequence ``i`` (cache row ``rows[i]``, ``context_lens[i]`` tokens
         already cached) and return the logits after each sequence's last new token.
 
         Args:
-            new_tokens: host lists, one per sequence; or, for a decode step, a [num_seqs] int64 tensor on
-                the model's device holding one new token per sequence (e.g. the previous step's samples),
-                which is copied on the device and never read by the host, so the step does not wait for
-                the work that produces it. On CUDA its ids are not range-checked (that would wait for the
-                device; a sampler's are in range, and an id past the vocabulary is a device-side assert in
-                the embedding); on a CPU they are.
+            new_tokens: host lists, one per sequence, or one per sequence after the first ``len(fed)``;
+                or, for a decode step, a [num_seqs] int64 tensor on the model's device (the same as
+                ``fed=new_tokens`` with no host lists).
+            fed: None, or a [k] int64 tensor on the model's device: one new token for each of the first k
+                sequences (decodes fed the previous step's samples; the engine's continuous batching puts
+                them before the step's prompt chunks). It is copied on the device and never read by the
+                host, so the step does not wait for the work that produces it. On CUDA its ids are not
+                range-checked (that would wait for the device; a sampler's are in range, and an id past the
+                vocabulary is a device-side assert in the embedding); on a CPU they are.
 
         Returns:
             [num_seqs, vocab] float32.
@@ -288,34 +295,44 @@ class ModelRunner:
             ValueError: more tokens than ``max_num_batched_tokens``, an empty sequence, a sequence past
                 ``max_model_len``, a token id outside the vocabulary (host lists, and tensors on a CPU),
                 ``context_lens`` or ``new_tokens`` not one per row, rows that repeat or lie outside
-                ``0..max_num_seqs - 1``, or a token tensor that is not [num_seqs] int64 on the model's device.
+                ``0..max_num_seqs - 1``, a token tensor (or ``fed``) that is not [k] int64 on the model's device
+                for the k sequences the host lists leave out, or both a token tensor and ``fed``.
         """
-        hidden, last_rows = self._run(new_tokens, context_lens, rows)
+        hidden, last_rows = self._run(new_tokens, context_lens, rows, fed)
         return self.model.compute_logits(hidden if last_rows is None else hidden[last_rows])
 
     @torch.inference_mode()
     def forward(
-        self, new_tokens: list[list[int]] | torch.Tensor, context_lens: list[int], rows: list[int]
+        self,
+        new_tokens: list[list[int]] | torch.Tensor,
+        context_lens: list[int],
+        rows: list[int],
+        fed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Like :meth:`step` but returns the hidden states of all real tokens, [n, H] (graph memory for
         CUDA-graph sizes: valid until the next call)."""
-        return self._run(new_tokens, context_lens, rows)[0]
+        return self._run(new_tokens, context_lens, rows, fed)[0]
 
-    def _run(self, new_tokens, context_lens, rows) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, new_tokens, context_lens, rows, fed) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Checks, one host-to-device copy of every int the step needs, the compiled forward.
 
         Returns:
             hidden [n, H] of the real tokens, and [num_seqs] int64 device indices of each sequence's
             last token in it (None for a decode step, where every token is its sequence's last).
         """
-        on_device = isinstance(new_tokens, torch.Tensor)
-        if on_device:
-            check_device_tokens(new_tokens, len(rows), self.vocab_size, self.device)
-            ids, query_lens = [], [1] * len(rows)  # ids stay on the device
-        else:
-            check_host_tokens(new_tokens, self.vocab_size)
-            ids = [t for seq in new_tokens for t in seq]
-            query_lens = [len(seq) for seq in new_tokens]
+        name = "new_tokens"
+        if isinstance(new_tokens, torch.Tensor):
+            if fed is not None:
+                raise ValueError("new_tokens is a token tensor and fed is given: give the device tokens once")
+            new_tokens, fed = [], new_tokens
+        elif fed is not None:
+            name = "fed"
+        check_host_tokens(new_tokens, self.vocab_size)
+        num_fed = max(len(rows) - len(new_tokens), 0) if fed is not None else 0
+        if fed is not None:
+            check_device_tokens(fed, num_fed, self.vocab_size, self.device, name)
+        ids = [t for seq in new_tokens for t in seq]  # the host's; the fed ids stay on the device
+        query_lens = [1] * num_fed + [len(seq) for seq in new_tokens]
         n = sum(query_lens)
         if not 0 < n <= self.max_num_tokens:
             raise ValueError(f"a step takes 1..{self.max_num_tokens} tokens (max_num_batched_tokens), got {n}")
@@ -349,7 +366,10 @@ class ModelRunner:
         if full:
             per_seq_tensors = self._into_static_metadata(per_seq_tensors[0], size)
         metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, slot_mapping, *per_seq_tensors)
-        self.input_ids[:n].copy_(new_tokens if on_device else staged_ids)  # device to device, or the staged ids
+        if num_fed:
+            self.input_ids[:num_fed].copy_(fed)  # device to device
+        if num_fed < n:
+            self.input_ids[num_fed:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
         if getattr(self.compiled, "awaits_trace", False):
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens

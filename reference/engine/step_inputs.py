@@ -35,21 +35,26 @@ def check_host_tokens(new_tokens, vocab_size: int) -> None:
                 raise ValueError(_outside(f"new_tokens[{i}][{j}]", token, vocab_size))
 
 
-def check_device_tokens(tokens: torch.Tensor, num_seqs: int, vocab_size: int, device: torch.device) -> None:
-    """A decode step's token tensor: [num_seqs] int64 on ``device``; on a CPU also inside the vocabulary
-    (checked where it costs no wait; on CUDA the ids are a sampler's, and reading them would wait for it).
+def check_device_tokens(
+    tokens: torch.Tensor, num_seqs: int, vocab_size: int, device: torch.device, name: str = "new_tokens"
+) -> None:
+    """Device-fed decode tokens (``step``'s token tensor or its ``fed``, named ``name`` in messages):
+    [num_seqs] int64 on ``device``; on a CPU also inside the vocabulary (checked where it costs no wait; on
+    CUDA the ids are a sampler's, and reading them would wait for it).
 
     Raises:
         ValueError: naming what differs, or the first id outside the vocabulary and its index.
     """
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"{name}: expected a [{num_seqs}] int64 token tensor on {device}, got {echo(tokens)}")
     if tokens.shape != (num_seqs,) or tokens.dtype != torch.int64 or tokens.device != device:
         raise ValueError(
-            f"new_tokens: a token tensor must be [{num_seqs}] (one per sequence) int64 on {device}, got "
+            f"{name}: a token tensor must be [{num_seqs}] (one per sequence) int64 on {device}, got "
             f"{list(tokens.shape)} {str(tokens.dtype).removeprefix('torch.')} on {tokens.device}"
         )
     if tokens.device.type == "cpu" and len(tokens) and not (0 <= tokens.min() and tokens.max() < vocab_size):
         i = int(((tokens < 0) | (tokens >= vocab_size)).nonzero()[0])
-        raise ValueError(_outside(f"new_tokens[{i}]", int(tokens[i]), vocab_size))
+        raise ValueError(_outside(f"{name}[{i}]", int(tokens[i]), vocab_size))
 
 
 def _outside(where: str, token: int, vocab_size: int) -> str:
