@@ -1,5 +1,5 @@
-"""The offline LLM: static batching (ragged prefill, chunked prefill, waves), stopping rules, sampling,
-text prompts, and clear errors. CPU, small models; the greedy oracle is transformers' model recomputing
+"""The offline LLM: continuous batching (ragged prefill, chunked prefill, mixed steps), stopping rules,
+sampling, text prompts, and clear errors. CPU, small models; the greedy oracle is transformers' model recomputing
 the whole sequence for every token, on the same weights."""
 
 import collections
@@ -15,8 +15,9 @@ from reference.benchmark.choices import MODE_KWARGS as MODES
 from reference.config import DEFAULT_MAX_CAPTURE_SIZE, ConfigError, default_capture_sizes
 from reference.engine.arguments import engine_capture_sizes
 from reference.engine import kv_cache
-from reference.engine import llm as llm_module
+from reference.engine import llm_engine as llm_engine_module
 from reference.engine.llm import LLM
+from reference.engine.llm_engine import LLMEngine
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
 
@@ -95,39 +96,102 @@ def test_greedy_generate_equals_token_by_token_recompute(engine):
 
 
 @pytest.mark.eager
-def test_more_prompts_than_max_num_seqs_run_in_waves_within_the_cache_rows():
+def test_a_request_takes_a_row_in_the_step_after_one_frees_it_and_rows_stay_within_max_num_seqs():
+    """Continuous batching: with 2 rows and max_tokens 1, 3, 2, 2, 1, a request is admitted (its prompt
+    prefilled) in the step right after a running one samples its last token, beside the decodes of the
+    others, never in a later wave; the engine frees a row once its last token is sampled."""
     llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
     steps = []
     step = llm.runner.step
 
-    def spy(new_tokens, context_lens, rows):
-        steps.append((len(new_tokens), list(rows)))
-        return step(new_tokens, context_lens, rows)
+    def spy(new_tokens, context_lens, rows, fed=None):
+        decodes = 0 if fed is None else len(fed)
+        steps.append((decodes, [len(t) for t in new_tokens], list(rows)))
+        return step(new_tokens, context_lens, rows, fed=fed)
 
     llm.runner.step = spy
-    outputs = llm.generate(ragged_prompts(5, llm.vocab_size), greedy(3, ignore_eos=True), use_tqdm=False)
-    assert len(outputs) == 5
-    # 3 waves (2 + 2 + 1 prompts), each one prefill step and 2 decode steps
-    assert [n for n, _ in steps] == [2, 2, 2, 2, 2, 2, 1, 1, 1]
-    assert all(set(rows) <= {0, 1} for _, rows in steps)
+    prompts = ragged_prompts(5, llm.vocab_size)  # 1, 7, 3, 12, 5 tokens
+    max_tokens = [1, 3, 2, 2, 1]
+    outputs = llm.generate(prompts, [greedy(m, ignore_eos=True) for m in max_tokens], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == max_tokens
+    # (decodes, prompt chunk lengths, rows): decodes first, a new prompt in every free row
+    assert steps == [
+        (0, [1, 7], [0, 1]),  # A (1 token) and B; A is done after its first token
+        (1, [3], [1, 0]),  # B decodes, C takes A's row
+        (2, [], [1, 0]),  # B's last token, C's second and last: both rows free
+        (0, [12, 5], [0, 1]),  # D and E
+        (1, [], [0]),  # E finished at once; D decodes its last
+    ]
+    assert all(set(rows) <= {0, 1} for _, _, rows in steps)
 
 
 @pytest.mark.eager
-def test_a_prefill_over_max_num_batched_tokens_is_split_into_steps_of_at_most_that_many():
-    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=5)
-    sizes = []
+@pytest.mark.parametrize("scheduling", ["continuous", "static"])
+def test_every_step_fits_the_token_budget_with_decodes_first_and_chunks_filling_the_rest(scheduling):
+    """Budget 5, 4 rows, prompts of 1 + 7 + 3 + 12 tokens and 3 tokens each: every step holds at most 5
+    tokens; under continuous batching a step leaves budget unused only when no prompt token is left to
+    schedule; each prompt's chunks are contiguous and in order. Static batching admits the 4 prompts
+    together (one batch of 4 rows), so it too fills every step while prompt tokens are left."""
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=5, scheduling=scheduling)
+    steps = []
     step = llm.runner.step
 
-    def spy(new_tokens, context_lens, rows):
-        sizes.append(sum(map(len, new_tokens)))
-        return step(new_tokens, context_lens, rows)
+    def spy(new_tokens, context_lens, rows, fed=None):
+        decodes = 0 if fed is None else len(fed)
+        chunks = [(row, start, len(t)) for row, start, t in zip(rows[decodes:], context_lens[decodes:], new_tokens)]
+        steps.append((decodes, chunks))
+        return step(new_tokens, context_lens, rows, fed=fed)
 
     llm.runner.step = spy
-    prompts = ragged_prompts(4, llm.vocab_size)  # 1 + 7 + 3 + 12 = 23 prompt tokens
+    prompts = ragged_prompts(4, llm.vocab_size)
+    llm.generate(prompts, greedy(3, ignore_eos=True), use_tqdm=False)
+    sizes = [d + sum(n for _, _, n in chunks) for d, chunks in steps]
+    assert max(sizes) == 5
+    prompt_tokens_left = sum(map(len, prompts))
+    cached = {}  # row -> prompt tokens cached so far
+    for size, (decodes, chunks) in zip(sizes, steps):
+        for row, start, n in chunks:
+            assert start == cached.get(row, 0), f"row {row}: a chunk starts at {start}, {cached.get(row, 0)} cached"
+            cached[row] = start + n
+        prompt_tokens_left -= sum(n for _, _, n in chunks)
+        assert size == 5 or prompt_tokens_left == 0
+    assert prompt_tokens_left == 0 and sorted(cached.values()) == sorted(map(len, prompts))
+
+
+@pytest.mark.eager
+def test_static_scheduling_admits_a_batch_only_when_the_last_has_finished():
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2, scheduling="static")
+    steps = []
+    step = llm.runner.step
+
+    def spy(new_tokens, context_lens, rows, fed=None):
+        steps.append((0 if fed is None else len(fed), len(new_tokens)))
+        return step(new_tokens, context_lens, rows, fed=fed)
+
+    llm.runner.step = spy
+    llm.generate(ragged_prompts(3, llm.vocab_size), [greedy(m, ignore_eos=True) for m in (1, 3, 2)], use_tqdm=False)
+    # A and B; B decodes alone (A's row stays idle) until its last token; then C
+    assert steps == [(0, 2), (1, 0), (1, 0), (0, 1), (1, 0)]
+
+
+@pytest.mark.eager
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_and_one_that_never_fits_is_refused():
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    steps = []
+    step = llm.runner.step
+
+    def spy(new_tokens, context_lens, rows, fed=None):
+        steps.append([len(t) for t in new_tokens])
+        return step(new_tokens, context_lens, rows, fed=fed)
+
+    llm.runner.step = spy
+    prompts = ragged_prompts(3, llm.vocab_size)  # 1, 7, 3 tokens
     llm.generate(prompts, greedy(2, ignore_eos=True), use_tqdm=False)
-    prefill, decode = sizes[:-1], sizes[-1:]
-    assert prefill == [5, 5, 5, 5, 3]
-    assert decode == [4]
+    # A and B fill 8; C waits whole: the next step has 2 decodes and room for its 3 tokens
+    assert steps[:2] == [[1, 7], [3]]
+    with pytest.raises(ValueError, match=r"^prompts\[0\]: prompt \(9 tokens\) exceeds max_num_batched_tokens \(8\) "
+                       r"with enable_chunked_prefill=False"):  # fmt: skip
+        llm.generate([[1] * 9], greedy(1))
 
 
 # ---------------------------------------------------------------------- stopping
@@ -149,9 +213,9 @@ def test_a_stop_token_ends_the_sequence_and_is_reported():
 
 @pytest.mark.eager
 def test_decode_issues_each_step_before_reading_the_previous_steps_tokens(monkeypatch):
-    """The decode loop never waits for a step's tokens before issuing the next: from the second decode
-    step on it feeds the previous step's samples as a device tensor, and it sees a stop token one step
-    late, so the stopped sequence runs in one more step, whose token is dropped."""
+    """The decode loop never waits for a step's tokens before issuing the next: every decode step feeds
+    the previous step's samples as a device tensor (the first one too: the prefill's), and it sees a stop
+    token one step late, so the stopped sequence runs in one more step, whose token is dropped."""
     llm = make_llm("llama-tiny", "eager")
     a, b = ragged_prompts(2, llm.vocab_size)
     free_a, free_b = _first_tokens(llm, a, 8), _first_tokens(llm, b, 6)
@@ -162,9 +226,9 @@ def test_decode_issues_each_step_before_reading_the_previous_steps_tokens(monkey
     steps = []
     real_step = llm.runner.step
 
-    def recording(tokens, context_lens, rows):
-        steps.append((isinstance(tokens, torch.Tensor), len(rows)))
-        return real_step(tokens, context_lens, rows)
+    def recording(tokens, context_lens, rows, fed=None):
+        steps.append((fed is not None, len(rows)))
+        return real_step(tokens, context_lens, rows, fed=fed)
 
     monkeypatch.setattr(llm.runner, "step", recording)
     params = [greedy(8, stop_token_ids=[stop]), greedy(6, ignore_eos=True)]
@@ -172,7 +236,7 @@ def test_decode_issues_each_step_before_reading_the_previous_steps_tokens(monkey
     assert (out_a.token_ids, out_a.finish_reason, out_a.stop_reason) == (free_a[:end], "stop", stop)
     assert (out_b.token_ids, out_b.finish_reason) == (free_b, "length")
     # the prefill, then B's 5 decode steps; A runs in decode steps 1..end (step `end` is the late one)
-    assert steps == [(False, 2)] + [(k > 1, 1 + (k <= end)) for k in range(1, 6)]
+    assert steps == [(False, 2)] + [(True, 1 + (k <= end)) for k in range(1, 6)]
 
 
 @pytest.mark.eager
@@ -546,7 +610,7 @@ def test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_do
     tokens = torch.arange(8, device="cuda")
     torch.cuda.synchronize()
     torch.cuda._sleep(100_000_000)  # about 50 ms at the H200's 1.98 GHz
-    host, copied = llm_module._copy_to_host(tokens)
+    host, copied = llm_engine_module._copy_to_host(tokens)
     returned_early = not copied.query()
     copied.synchronize()
     assert host.tolist() == list(range(8))
@@ -555,44 +619,56 @@ def test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_do
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["eager", "no_inductor", "no_inductor_full"])
-def test_the_decode_loop_waits_for_the_device_only_to_read_tokens_one_step_late(mode, monkeypatch):
-    """Issue 9's decode loop: a wave's decode steps (the runner fed the previous step's samples, the
-    sampling of greedy, temperature, top-k, top-p and min_tokens' bans, the survivors' tokens gathered
-    as sequences finish) make no call that waits for the device (``torch.cuda.set_sync_debug_mode('error')``
-    raises on any), except the one deliberate wait: reading a step's tokens after the next is issued."""
-    llm = make_llm("llama-tiny", mode, device="cuda", max_num_seqs=4)
+def test_the_engine_loop_waits_for_the_device_only_to_read_tokens_one_step_late(mode, monkeypatch):
+    """Issue 9's decode loop, under continuous batching: every step (prompt chunks from the host, decodes
+    fed the previous step's samples on the device, the sampling of greedy, temperature, top-k, top-p and
+    min_tokens' bans, the samples gathered as requests finish and others join) makes no call that waits for
+    the device (``torch.cuda.set_sync_debug_mode('error')`` raises on any), except the one deliberate wait:
+    reading a step's tokens after the next is issued. Three rows for four requests, so the last one joins
+    in the step after the first finishes."""
+    llm = make_llm("llama-tiny", mode, device="cuda", max_num_seqs=3)
     params = [
-        greedy(8, ignore_eos=True),  # the longest: 7 decode steps
-        SamplingParams(temperature=0.8, max_tokens=5, seed=1),
+        greedy(8, ignore_eos=True),  # the longest: with the prefill, 8 steps of its own
+        SamplingParams(temperature=0.8, max_tokens=3, seed=1),
         SamplingParams(temperature=0.8, top_k=20, max_tokens=7, seed=2),
-        SamplingParams(temperature=0.8, top_p=0.9, min_tokens=2, stop_token_ids=[7], max_tokens=8, seed=3),
+        SamplingParams(temperature=0.8, top_p=0.9, min_tokens=2, stop_token_ids=[7], max_tokens=6, seed=3),
     ]
     prompts = ragged_prompts(4, llm.vocab_size)
     llm.generate(prompts, params, use_tqdm=False)  # warm: graphs, kernels, pinned host blocks
-    wave = llm.requests.make(prompts, params)
-    for row, request in enumerate(wave):
-        request.row = row
-    reads = []
-    real_read = LLM._read
+    engine = llm.llm_engine
+    reads, steps = [], []
+    real_read, real_step = LLMEngine._read, llm.runner.step
 
     def read(self, *args):  # the deliberate wait, allowed
         torch.cuda.set_sync_debug_mode("default")
         try:
-            real_read(self, *args)
+            return real_read(self, *args)
         finally:
             torch.cuda.set_sync_debug_mode("error")
-        reads.append(len(args[0]))
+            reads.append(len(args[0]))
 
-    monkeypatch.setattr(LLM, "_read", read)
-    with torch.inference_mode():  # as in generate
-        llm._prefill(wave)  # waits once for the first tokens, by design
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            llm._decode(wave)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    assert all(r.finish_reason is not None for r in wave)
-    assert len(wave[0].output) == 8 and len(reads) == 7  # one read per decode step
+    def step(new_tokens, context_lens, rows, fed=None):
+        steps.append((0 if fed is None else len(fed), len(new_tokens)))
+        return real_step(new_tokens, context_lens, rows, fed=fed)
+
+    monkeypatch.setattr(LLMEngine, "_read", read)
+    monkeypatch.setattr(llm.runner, "step", step)
+    dispatched = collections.Counter(llm.runner.dispatch_counts)
+    ids = engine.add_requests(prompts, params)
+    outputs = {}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            while engine.has_unfinished_requests():
+                outputs.update((o.request_id, o) for o in engine.step())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sorted(outputs) == sorted(ids) and len(outputs[ids[0]].outputs[0].token_ids) == 8
+    assert any(decodes and chunks for decodes, chunks in steps), f"no mixed step: {steps}"
+    assert len(reads) == len(steps)  # one read per step, each after the next step is issued (or the last)
     if mode != "eager":
-        assert llm.runner.dispatch_counts[{"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]] >= len(reads)
+        replayed = collections.Counter(llm.runner.dispatch_counts) - dispatched
+        graph = {"no_inductor": "PIECEWISE", "no_inductor_full": "FULL"}[mode]
+        decode_only = sum(1 for decodes, chunks in steps if not chunks)
+        assert replayed[graph] >= (len(steps) if mode == "no_inductor" else decode_only)

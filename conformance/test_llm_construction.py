@@ -171,17 +171,19 @@ def test_with_cuda_graphs_the_bar_counts_a_stage_per_capture_size(monkeypatch):
 
 
 @pytest.mark.parametrize("use_tqdm, disable", [(True, None), (False, True)])
-def test_generate_counts_prompts_done_wave_by_wave(use_tqdm, disable, monkeypatch):
+def test_generate_counts_each_request_as_it_finishes(use_tqdm, disable, monkeypatch):
     llm = _llm(max_num_seqs=2)
     _Bar.made = []
     monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
     updates = []
-    monkeypatch.setattr(_Bar, "update", lambda self, n=1: updates.append(n), raising=True)
-    monkeypatch.setattr(_Bar, "close", lambda self: updates.append("closed"), raising=False)
+    monkeypatch.setattr(_Bar, "update", lambda self, n=1: updates.append((n, len(llm.llm_engine.scheduler.waiting))))
+    monkeypatch.setattr(_Bar, "__exit__", lambda self, *exc: updates.append("closed"))
     llm.generate([[1, 2]] * 5, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=use_tqdm)
     (bar,) = _Bar.made
     assert bar.kwargs == {"total": 5, "desc": "Processed prompts", "disable": disable}
-    assert updates == [2, 2, 1, "closed"]  # waves of max_num_seqs = 2
+    # one update per request, the first while requests still wait for a row (2 rows for 5 requests)
+    assert [u[0] for u in updates[:-1]] == [1] * 5 and updates[-1] == "closed"
+    assert updates[0][1] > 0
 
 
 def test_generate_shows_its_bar_unless_told_not_to(monkeypatch):

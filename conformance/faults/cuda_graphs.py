@@ -15,7 +15,7 @@ from conformance.faults.fault import Fault, patches
 from reference.compilation import backend, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
 from reference.compilation.stale_outputs import StaleOutputGuard
-from reference.engine import llm
+from reference.engine import llm_engine
 from reference.engine.runner import ModelRunner
 from reference.forward_context import BatchDescriptor
 
@@ -160,7 +160,7 @@ FAULTS = [
         description="the decode loop copies each step's sampled tokens into pageable host memory, so the copy "
         "waits for the device and the host stalls at every step; the tokens are the same, and torch's sync "
         "debug mode does not flag the wait",
-        plant=patches(mock.patch.object(llm, "_copy_to_host", _copied_to_pageable_memory)),
+        plant=patches(mock.patch.object(llm_engine, "_copy_to_host", _copied_to_pageable_memory)),
         tests="test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_done",
         device="cuda",
     ),

@@ -11,14 +11,16 @@ from unittest import mock
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.engine import llm
-from reference.engine.llm import LLM
+from reference.engine import llm_engine
+from reference.engine.llm_engine import LLMEngine
 from reference.engine.runner import ModelRunner
+from reference.engine.scheduler import Scheduler
 from reference.ops.attention_metadata import AttentionMetadata
 
 _real_slot_mapping = AttentionMetadata.slot_mapping_list
-_real_decode = LLM._decode
-_real_append = LLM._append
+_real_engine_run = LLMEngine._run
+_real_runner_step = ModelRunner.step
+_real_append = LLMEngine._append
 
 
 def _gathered_behind_the_padding(self, new_tokens, context_lens, rows):
@@ -42,33 +44,34 @@ def _padded_past_an_exact_size(self, num_tokens):
     return self.capture_sizes[i] if i < len(self.capture_sizes) else num_tokens
 
 
-def _decode_with(rewrite):
-    """``LLM._decode`` whose runner steps get ``rewrite(context_lens, rows) -> (context_lens, rows)``."""
+def _decodes_with(rewrite):
+    """``LLMEngine._run`` whose runner steps get ``rewrite(context_lens, rows, num_decodes) -> (context_lens,
+    rows)`` (the decodes are the step's first ``num_decodes`` sequences)."""
 
-    def decode(self, wave):
-        step = self.runner.step
+    def run_with(self, step):
+        run = self.runner.step
 
-        def rewritten(tokens, context_lens, rows):
-            return step(tokens, *rewrite(context_lens, rows))
+        def rewritten(tokens, context_lens, rows, fed=None):
+            return run(tokens, *rewrite(context_lens, rows, len(step.decodes)), fed=fed)
 
         with mock.patch.object(self.runner, "step", rewritten):
-            _real_decode(self, wave)
+            return _real_engine_run(self, step)
 
-    return decode
-
-
-def _rows_by_batch_position(context_lens, rows):
-    return context_lens, list(range(len(rows)))
+    return run_with
 
 
-def _context_one_past(context_lens, rows):
-    return [c + 1 for c in context_lens], rows
+def _decode_rows_by_batch_position(context_lens, rows, num_decodes):
+    return context_lens, list(range(num_decodes)) + rows[num_decodes:]
+
+
+def _decode_context_one_past(context_lens, rows, num_decodes):
+    return [c + (i < num_decodes) for i, c in enumerate(context_lens)], rows
 
 
 def _without(method: str, field: str, value):
-    """``LLM.<method>(requests, ...)`` seeing each request's params with ``field`` set to ``value``
+    """``LLMEngine.<method>(requests, ...)`` seeing each request's params with ``field`` set to ``value``
     (restored afterwards)."""
-    real = getattr(LLM, method)
+    real = getattr(LLMEngine, method)
 
     def run(self, requests, *args):
         params = [r.params for r in requests]
@@ -84,9 +87,10 @@ def _without(method: str, field: str, value):
 
 
 def _checks_in_order(*checks: str):
-    """``LLM._append`` testing the end of a sequence in ``checks``' order ('eos', 'stop', 'length')."""
+    """``LLMEngine._append`` testing the end of a sequence in ``checks``' order ('eos', 'stop', 'length')."""
 
     def append(self, requests, tokens):
+        ended = []
         for r, token in zip(requests, tokens):
             if r.finish_reason is not None:
                 continue
@@ -99,12 +103,14 @@ def _checks_in_order(*checks: str):
                 elif check == "length" and len(r.output) >= r.params.max_tokens:
                     r.finish_reason = "length"
                 if r.finish_reason is not None:
+                    ended.append(r)
                     break
+        return ended
 
     return append
 
 
-_real_sample = LLM._sample
+_real_sample = LLMEngine._sample
 
 
 def _min_tokens_one_too_many(self, requests, logits, counts):
@@ -112,17 +118,35 @@ def _min_tokens_one_too_many(self, requests, logits, counts):
     return _real_sample(self, requests, logits, [c - 1 for c in counts])
 
 
-def _survivors_by_batch_position(sampled, keep):
-    """The next decode step feeds the first ``len(keep)`` samples instead of the survivors' own: once a
-    sequence finishes, the ones after it continue from their neighbours' tokens."""
-    return sampled[: len(keep)]
+def _gathered_by_batch_position(values, index):
+    """Rows are taken by position, the first ``len(index)``, not the indexed ones: once a sequence finishes
+    the decodes after it are fed their neighbours' samples, and a mixed step samples a chunk's logits from
+    the wrong row."""
+    return values[: len(index)]
 
 
-def _append_late_tokens_too(self, requests, tokens):
-    """The token a finished sequence got from the one step it ran too late is appended as well."""
-    for r in requests:
-        r.finish_reason = None if len(r.output) < r.params.max_tokens else r.finish_reason
-    _real_append(self, requests, tokens)
+def _continuing_chunk_one_token_late(self, step, r, take):
+    """A continuing prompt chunk starts one token after the previous chunk ended: the token at the boundary
+    is never cached (a last chunk of nothing runs as an empty sequence)."""
+    start = r.num_cached + (r.num_cached > 0)
+    take = max(min(len(r.prompt_token_ids) - start, take), 0)
+    step.chunks.append((r, start, take))
+    r.num_cached = start + take
+
+
+def _mixed_step_taken_for_a_decode(self, new_tokens, context_lens, rows, fed=None):
+    """A step is taken for a uniform decode when its fed decodes are (its prompt chunks are not looked at):
+    a mixed step then returns the logits of every token, not of each sequence's last."""
+    if fed is not None and len(fed):
+        hidden = self.forward(new_tokens, context_lens, rows, fed=fed)
+        return self.model.compute_logits(hidden)
+    return _real_runner_step(self, new_tokens, context_lens, rows, fed=fed)
+
+
+def _late_token_given_to_the_next_sequence(self, requests, tokens):
+    """The requests that have already finished are dropped from a read step, but their tokens are not: the
+    sequences after a stopped one take the tokens of their neighbours in the step it ran too late."""
+    return _real_append(self, [r for r in requests if r.finish_reason is None], tokens)
 
 
 FAULTS = [
@@ -155,7 +179,7 @@ FAULTS = [
         kind="engine",
         description="decode steps address the KV cache by position in the batch of unfinished sequences, so once "
         "a sequence finishes, the ones after it read their neighbours' cache rows",
-        plant=patches(mock.patch.object(LLM, "_decode", _decode_with(_rows_by_batch_position))),
+        plant=patches(mock.patch.object(LLMEngine, "_run", _decodes_with(_decode_rows_by_batch_position))),
         tests="test_each_request_generates_what_it_generates_alone",
     ),
     Fault(
@@ -163,37 +187,39 @@ FAULTS = [
         kind="engine",
         description="decode steps count one cached token too many per sequence, so each new token goes one "
         "position too far and leaves a hole in the cache",
-        plant=patches(mock.patch.object(LLM, "_decode", _decode_with(_context_one_past))),
+        plant=patches(mock.patch.object(LLMEngine, "_run", _decodes_with(_decode_context_one_past))),
         tests="test_greedy_generate_equals_token_by_token_recompute and eager-one-wave",
     ),
     Fault(
         id="decode-feeds-survivors-by-batch-position",
         kind="engine",
         description="when a sequence finishes, the next decode step feeds the first samples of the last step "
-        "instead of each surviving sequence's own, so the sequences after it continue from a neighbour's token",
-        plant=patches(mock.patch.object(llm, "_survivors", _survivors_by_batch_position)),
+        "instead of each surviving sequence's own, so the sequences after it continue from a neighbour's token "
+        "(and a mixed step samples chunks from the wrong logits rows)",
+        plant=patches(mock.patch.object(llm_engine, "_gather", _gathered_by_batch_position)),
         tests="test_each_request_generates_what_it_generates_alone",
     ),
     Fault(
-        id="late-token-of-a-finished-sequence-kept",
+        id="late-token-given-to-the-next-sequence",
         kind="engine",
-        description="the token a stopped sequence got from the step it ran in after its stop token (the decode "
-        "loop sees stops one step late) is appended to its output",
-        plant=patches(mock.patch.object(LLM, "_append", _append_late_tokens_too)),
-        tests="test_a_stop_token_ends_the_sequence_and_is_reported",
+        description="when the tokens of the step a stopped sequence ran in too late (the loop sees stops one step "
+        "late) are read, the stopped sequence is skipped but its token is not, so each sequence after it in that "
+        "step takes its neighbour's token",
+        plant=patches(mock.patch.object(LLMEngine, "_append", _late_token_given_to_the_next_sequence)),
+        tests="test_a_stop_token_at_any_position_ends_the_sequence_there_and_the_other_goes_on",
     ),
     Fault(
         id="stop-token-not-checked",
         kind="engine",
         description="stop_token_ids do not end a sequence: it runs on to max_tokens",
-        plant=patches(mock.patch.object(LLM, "_append", _without("_append", "stop_token_ids", []))),
+        plant=patches(mock.patch.object(LLMEngine, "_append", _without("_append", "stop_token_ids", []))),
         tests="test_a_stop_token_ends_the_sequence_and_is_reported",
     ),
     Fault(
         id="min-tokens-ignored",
         kind="engine",
         description="min_tokens does not keep EOS and stop tokens from being sampled early",
-        plant=patches(mock.patch.object(LLM, "_sample", _without("_sample", "min_tokens", 0))),
+        plant=patches(mock.patch.object(LLMEngine, "_sample", _without("_sample", "min_tokens", 0))),
         tests="test_min_tokens_keeps_stop_tokens_from_being_sampled_early",
     ),
     Fault(
@@ -201,7 +227,7 @@ FAULTS = [
         kind="engine",
         description="a stop token that is also the max_tokens-th token is reported as finish_reason 'length' "
         "with no stop_reason (vLLM reports 'stop' and the token)",
-        plant=patches(mock.patch.object(LLM, "_append", _checks_in_order("length", "eos", "stop"))),
+        plant=patches(mock.patch.object(LLMEngine, "_append", _checks_in_order("length", "eos", "stop"))),
         tests="test_a_stop_token_at_any_position_ends_the_sequence_there",
     ),
     Fault(
@@ -209,14 +235,30 @@ FAULTS = [
         kind="engine",
         description="a token that is both EOS and a stop token is reported with the stop token as its reason "
         "(vLLM checks EOS first: no stop_reason)",
-        plant=patches(mock.patch.object(LLM, "_append", _checks_in_order("stop", "eos", "length"))),
+        plant=patches(mock.patch.object(LLMEngine, "_append", _checks_in_order("stop", "eos", "length"))),
         tests="test_eos_wins_over_a_stop_token_that_is_also_eos",
     ),
     Fault(
         id="min-tokens-one-too-many",
         kind="engine",
         description="min_tokens bans stop tokens while count <= min_tokens, one token longer than asked",
-        plant=patches(mock.patch.object(LLM, "_sample", _min_tokens_one_too_many)),
+        plant=patches(mock.patch.object(LLMEngine, "_sample", _min_tokens_one_too_many)),
         tests="test_min_tokens_allows_a_stop_token_exactly_from_its_count_on",
+    ),
+    Fault(
+        id="continuing-chunk-one-token-late",
+        kind="engine",
+        description="a prompt chunk that continues an earlier one starts a token after it ended, so the token at "
+        "each chunk boundary never reaches the KV cache",
+        plant=patches(mock.patch.object(Scheduler, "_chunk", _continuing_chunk_one_token_late)),
+        tests="test_chunked_prefill_generates_what_one_step_prefill_generates",
+    ),
+    Fault(
+        id="mixed-step-taken-for-a-decode",
+        kind="runner",
+        description="a step whose first sequences are fed decodes is taken for a uniform decode although prompt "
+        "chunks follow them, so it returns every token's logits and the chunks sample from the wrong rows",
+        plant=patches(mock.patch.object(ModelRunner, "step", _mixed_step_taken_for_a_decode)),
+        tests="test_each_request_generates_what_it_generates_alone",
     ),
 ]

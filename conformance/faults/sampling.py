@@ -3,7 +3,7 @@
 Each wraps the reference's own ``sample`` / ``apply_top_k_top_p`` / ``RequestBuilder.make`` (or the one torch
 call the sampler makes, ``torch.multinomial``) and changes only what goes in or comes out, so the fault is
 the one sentence its description states. ``sample`` is patched in the sampling module and where the engine
-looks it up (``reference.engine.llm``); tests that bound the name at import see only the torch-level ones.
+looks it up (``reference.engine.llm_engine``); tests that bound the name at import see only the torch-level ones.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.engine import llm, requests, sampling
+from reference.engine import llm_engine, requests, sampling
 
 _real_sample = sampling.sample
 _real_top_k_top_p = sampling.apply_top_k_top_p
@@ -79,7 +79,7 @@ def _temperatures_frozen_per_batch_size():
         ]
         return _real_sample(logits, held, generators)
 
-    with mock.patch.object(sampling, "sample", sample), mock.patch.object(llm, "sample", sample):
+    with mock.patch.object(sampling, "sample", sample), mock.patch.object(llm_engine, "sample", sample):
         yield
 
 
@@ -113,7 +113,7 @@ FAULTS = [
         "the batch (a greedy row's missing one means torch's global generator), not from its own request's",
         plant=patches(
             mock.patch.object(sampling, "sample", _generators_by_sampled_position),
-            mock.patch.object(llm, "sample", _generators_by_sampled_position),
+            mock.patch.object(llm_engine, "sample", _generators_by_sampled_position),
         ),
         tests="test_greedy_and_sampled_rows_of_one_batch_each_draw_what_they_would_draw_alone",
     ),
@@ -124,7 +124,7 @@ FAULTS = [
         "the nucleus is that of another distribution",
         plant=patches(
             mock.patch.object(sampling, "sample", _temperature_after_top_k_top_p),
-            mock.patch.object(llm, "sample", _temperature_after_top_k_top_p),
+            mock.patch.object(llm_engine, "sample", _temperature_after_top_k_top_p),
         ),
         tests="test_the_temperature_divides_the_logits_before_top_p_selects_the_nucleus",
         bug="https://github.com/vllm-project/tpu-inference/pull/1385",

@@ -1,15 +1,9 @@
 """Offline generation with vLLM's interface: ``LLM(model).generate(prompts, SamplingParams(...))``.
 
-The engine batches statically. Prompts run in waves of at most ``max_num_seqs`` sequences; a wave is
-prefilled (all prompts together, prompts of different lengths in one step, split into several steps
-when the wave has more than ``max_num_batched_tokens`` prompt tokens), then every unfinished sequence
-of the wave decodes one token per step until each one has finished (``max_tokens`` reached, EOS unless
-``ignore_eos``, or a stop token). The host never waits for a decode step before issuing the next: each
-step feeds the previous step's sampled ids on the device, and the host reads a step's tokens after
-issuing the next, so an EOS or stop token ends its sequence one step late (that step's token is
-dropped). The runner pads each step to a CUDA-graph capture size. There is no continuous batching: a new
-wave starts only when the last one is done, which keeps the engine small and makes a wave's decode batch
-exactly its unfinished sequences (and, for one step, those that have just stopped).
+``LLM`` builds the model, compiles it and captures its graphs (:class:`~reference.engine.runner.ModelRunner`);
+``generate`` hands the prompts to its :class:`~reference.engine.llm_engine.LLMEngine`, which batches them
+continuously (a request starts as soon as a KV-cache row is free, prefills and decodes share steps), and
+steps it until every request has finished.
 """
 
 from __future__ import annotations
@@ -25,13 +19,14 @@ from tqdm.auto import tqdm
 from reference import parallel
 from reference.config import CompilationConfig, echo
 from reference.engine import arguments
-from reference.engine.requests import Request, RequestBuilder, RequestOutput
+from reference.engine.llm_engine import LLMEngine
 from reference.engine.memory_check import check_memory_before_build
+from reference.engine.requests import RequestBuilder, RequestOutput
 from reference.engine.runner import ModelRunner, StartupStats
-from reference.engine.sampling import SamplingParams, sample
+from reference.engine.sampling import SamplingParams
+from reference.engine.scheduler import SCHEDULING
 from reference.models import registry
 from reference.ops import CustomOpSelection
-from reference.ops.attention_metadata import int_lists_to_device
 
 
 class LLM:
@@ -56,10 +51,14 @@ class LLM:
             and float32 on CPU), ``'float32'``, ``'bfloat16'`` or ``'float16'``.
         max_model_len: tokens per sequence (prompt + generated); default
             ``min(max_position_embeddings, 2048)``; at most ``max_position_embeddings``.
-        max_num_seqs: sequences per wave (KV-cache rows), >= 1.
-        max_num_batched_tokens: most tokens per step; prefills with more prompt tokens are chunked.
-            Default ``max_num_seqs * max_model_len`` (a wave always prefills in one step); at least
-            ``max_num_seqs`` and at most ``max_num_seqs * max_model_len``.
+        max_num_seqs: sequences running at once (KV-cache rows), >= 1.
+        max_num_batched_tokens: most tokens per step (decodes first, prompt chunks in the rest). Default
+            ``max_num_seqs * max_model_len``; at least ``max_num_seqs`` and at most
+            ``max_num_seqs * max_model_len``.
+        enable_chunked_prefill: cut prompts into chunks that fit what a step has left (vLLM's default);
+            False admits a prompt only when all of it fits one step, and refuses a longer one.
+        scheduling: ``'continuous'`` (default) or ``'static'``: requests in batches of up to
+            ``max_num_seqs``, the next batch admitted when the last has finished (a baseline).
         device: ``'cuda'`` if available, else ``'cpu'``.
         seed: seed of the weights (presets are randomly initialised) and of the per-request generators of
             requests without their own ``seed``.
@@ -100,6 +99,8 @@ class LLM:
         max_model_len: int | None = None,
         max_num_seqs: int = 8,
         max_num_batched_tokens: int | None = None,
+        enable_chunked_prefill: bool = True,
+        scheduling: str = "continuous",
         device: str | torch.device | None = None,
         seed: int = 0,
         tokenizer: str | None = None,
@@ -111,9 +112,12 @@ class LLM:
     ):
         arguments.check_positive("max_num_seqs", max_num_seqs)
         arguments.check_seed(seed)
-        for name, flag in (("enforce_eager", enforce_eager), ("skip_tokenizer_init", skip_tokenizer_init)):
+        flags = {"enforce_eager": enforce_eager, "skip_tokenizer_init": skip_tokenizer_init}
+        for name, flag in {**flags, "enable_chunked_prefill": enable_chunked_prefill}.items():
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}: expected a bool, got {echo(flag)}")
+        if scheduling not in SCHEDULING:
+            raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {echo(scheduling)}")
         if skip_tokenizer_init and tokenizer is not None:
             raise ValueError("tokenizer and skip_tokenizer_init=True contradict: give one")
         if not isinstance(model, str) or not model:
@@ -152,6 +156,7 @@ class LLM:
             arguments.eos_token_ids(self.hf_config, self.tokenizer),
             seed,
             self.device,
+            max_prompt_len=None if enable_chunked_prefill else max_num_batched_tokens,
         )
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
@@ -199,6 +204,9 @@ class LLM:
                 stages.total += len(self.runner.piecewise_warm_up_sizes) + len(self.runner.full_sizes)
             self.startup: StartupStats = self.runner.warm_up(progress=report)
             report("ready")
+        self.llm_engine = LLMEngine(
+            self.runner, self.requests, enable_chunked_prefill=enable_chunked_prefill, scheduling=scheduling
+        )
 
     @property
     def max_num_seqs(self) -> int:
@@ -236,127 +244,16 @@ class LLM:
                 ``max_tokens`` does not fit ``max_model_len``; string prompts without a tokenizer; a stop
                 token outside the vocabulary; the number of sampling params differs from the prompts'.
         """
-        requests = self.requests.make(prompts, sampling_params)
-        bar = tqdm(total=len(requests), desc="Processed prompts", disable=True if not use_tqdm else None)
-        with torch.inference_mode():
-            for start in range(0, len(requests), self.max_num_seqs):
-                wave = requests[start : start + self.max_num_seqs]
-                for row, request in enumerate(wave):
-                    request.row = row
-                self._prefill(wave)
-                self._decode(wave)
-                bar.update(len(wave))
-        bar.close()
-        return [self.requests.output(r) for r in requests]
-
-    def _prefill(self, wave: list[Request]) -> None:
-        """Put every prompt of the wave into the KV cache, at most ``max_num_batched_tokens`` per step,
-        and sample each sequence's first token after its last prompt chunk."""
-        budget = self.runner.max_num_tokens
-        pending = list(wave)
-        while pending:
-            chunks: list[tuple[Request, int, int]] = []  # (request, start, length)
-            room = budget
-            for request in pending:
-                take = min(len(request.prompt_token_ids) - request.num_cached, room)
-                if take == 0:
-                    break
-                chunks.append((request, request.num_cached, take))
-                room -= take
-            new_tokens = [r.prompt_token_ids[s : s + n] for r, s, n in chunks]
-            logits = self.runner.step(new_tokens, [s for _, s, _ in chunks], [r.row for r, _, _ in chunks])  # [C, V]
-            for request, s, n in chunks:
-                request.num_cached = s + n
-            last_chunks = [i for i, (r, _, _) in enumerate(chunks) if r.num_cached == len(r.prompt_token_ids)]
-            if last_chunks:  # the wave's first tokens: the host waits for them once
-                done = [chunks[i][0] for i in last_chunks]
-                self._append(done, self._sample(done, logits[last_chunks], [0] * len(done)).tolist())
-            pending = [r for r in pending if r.num_cached < len(r.prompt_token_ids)]
-
-    def _decode(self, wave: list[Request]) -> None:
-        """One token per unfinished sequence per step until all have finished, never waiting for a step's
-        tokens before issuing the next.
-
-        Step n feeds the tokens step n-1 sampled straight from the device (the runner copies them into
-        its input buffer there), and the host reads step n-1's tokens (one non-blocking copy to pinned
-        memory) only once step n is queued. Stop tokens and EOS are therefore seen one step late: a
-        sequence that ended at step n-1 has run in step n too, and that token is dropped. ``max_tokens``
-        is known ahead and costs no extra step.
-
-        The price: a wave whose last sequences end on a stop token or EOS runs one step with nothing left
-        to generate (on a GPU one step's device time, against the host time saved on every step; vLLM's
-        asynchronous scheduling makes the same trade). On a CPU nothing overlaps and the extra steps are
-        pure cost; the loop is the same there anyway, so that the CPU suite checks the loop GPUs run.
-        """
-        live = [r for r in wave if r.finish_reason is None]
-        tokens: list[list[int]] | torch.Tensor = [[r.output[-1]] for r in live]  # the prefill's, on the host
-        counts = [len(r.output) for r in live]  # tokens generated per sequence, read or still in flight
-        in_flight = None  # (requests, host copy of their sampled tokens [B], event after the copy)
-        while live:
-            context = [len(r.prompt_token_ids) + c - 1 for r, c in zip(live, counts)]  # the fed token is cached
-            logits = self.runner.step(tokens, context, [r.row for r in live])  # [B, V]
-            sampled = self._sample(live, logits, counts)  # [B] int64 on the device
-            step = (live, *_copy_to_host(sampled))
-            if in_flight is not None:
-                self._read(*in_flight)  # the previous step's tokens, while this step runs
-            in_flight = step
-            counts = [c + 1 for c in counts]
-            keep = [i for i, r in enumerate(live) if r.finish_reason is None and counts[i] < r.params.max_tokens]
-            live, counts = [live[i] for i in keep], [counts[i] for i in keep]
-            tokens = _survivors(sampled, keep)
-        if in_flight is not None:
-            self._read(*in_flight)
-
-    def _read(self, requests: list[Request], host_tokens: torch.Tensor, copied: "torch.cuda.Event | None") -> None:
-        """Wait for a step's sampled tokens to reach the host and append them (:meth:`_append`)."""
-        if copied is not None:
-            copied.synchronize()
-        self._append(requests, host_tokens.tolist())
-
-    def _sample(self, requests: list[Request], logits: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """One token per request from ``logits`` [len(requests), V] float32, where request ``i`` has
-        generated ``counts[i]`` tokens so far (``min_tokens`` bans its early stop tokens until then).
-
-        Returns:
-            [len(requests)] int64 on the logits' device, without waiting for the device.
-        """
-        for i, (r, count) in enumerate(zip(requests, counts)):
-            if r.banned_early and count < r.params.min_tokens:
-                logits[i].index_fill_(0, r.banned_index(logits.device), float("-inf"))
-        return sample(logits, [r.params for r in requests], [r.generator for r in requests])
-
-    def _append(self, requests: list[Request], tokens: list[int]) -> None:
-        """Append each request's new token and check for the end, in vLLM's order: EOS (unless
-        ``ignore_eos``; no stop reason), then ``stop_token_ids`` (the token is the reason), then
-        ``max_tokens``. Requests already finished (their token came from the step after their last) are
-        left as they are."""
-        for r, token in zip(requests, tokens):
-            if r.finish_reason is not None:
-                continue
-            r.output.append(token)
-            if not r.params.ignore_eos and token in self.requests.eos_token_ids:
-                r.finish_reason = "stop"
-            elif token in r.params.stop_token_ids:
-                r.finish_reason, r.stop_reason = "stop", token
-            elif len(r.output) >= r.params.max_tokens:
-                r.finish_reason = "length"
-
-
-def _survivors(sampled: torch.Tensor, keep: list[int]) -> torch.Tensor:
-    """``sampled[keep]`` ([len(keep)] int64, the tokens the next step feeds), gathered on the device by a
-    staged index; ``sampled`` itself when every sequence goes on."""
-    if len(keep) == len(sampled):
-        return sampled
-    return sampled[int_lists_to_device([keep], sampled.device)[0]]
-
-
-def _copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
-    """A non-blocking copy of ``tokens`` into pinned host memory and the event that marks it done (on a
-    CPU the tensor itself and None)."""
-    if not tokens.is_cuda:
-        return tokens, None
-    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-    host.copy_(tokens, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return host, copied
+        if self.llm_engine.has_unfinished_requests():
+            raise ValueError(
+                "generate: llm_engine holds unfinished requests from add_requests, whose outputs generate would "
+                "drop; step them to the end (llm_engine.step() while llm_engine.has_unfinished_requests()) first"
+            )
+        ids = self.llm_engine.add_requests(prompts, sampling_params)
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=True if not use_tqdm else None) as bar:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    done[output.request_id] = output
+                    bar.update()
+        return [done[i] for i in ids]

@@ -64,7 +64,8 @@ class Request:
     generator: torch.Generator | None
     banned_early: list[int]  # tokens masked while fewer than min_tokens were generated
     row: int = 0
-    num_cached: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    num_cached: int = 0  # prompt tokens scheduled into the KV cache (chunked prefill)
+    num_sampled: int = 0  # tokens sampled so far, read by the host or still in flight
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | None = None
@@ -87,6 +88,8 @@ class RequestBuilder:
         eos_token_ids: ids that end a sequence unless ``ignore_eos``.
         seed: seeds the per-request generators of requests without their own ``seed``.
         device: where the generators live.
+        max_prompt_len: None, or the most prompt tokens a request may have (the step budget when prompts
+            are not chunked, so that one longer could never run).
     """
 
     def __init__(
@@ -98,8 +101,10 @@ class RequestBuilder:
         eos_token_ids: frozenset[int],
         seed: int,
         device: torch.device,
+        max_prompt_len: int | None = None,
     ):
         self.model_name, self.vocab_size, self.max_model_len = model_name, vocab_size, max_model_len
+        self.max_prompt_len = max_prompt_len
         self.tokenizer, self.eos_token_ids, self.device = tokenizer, eos_token_ids, device
         self._seeds = random.Random(seed)  # per-request seeds for requests without one
         self._next_request = 0
@@ -129,6 +134,12 @@ class RequestBuilder:
                 raise ValueError(
                     f"prompts[{i}]: prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) = "
                     f"{len(ids) + p.max_tokens} exceeds max_model_len ({self.max_model_len})"
+                )
+            if self.max_prompt_len is not None and len(ids) > self.max_prompt_len:
+                raise ValueError(
+                    f"prompts[{i}]: prompt ({len(ids)} tokens) exceeds max_num_batched_tokens ({self.max_prompt_len}) "
+                    "with enable_chunked_prefill=False, so it could never run; enable chunked prefill or raise "
+                    "max_num_batched_tokens"
                 )
             bad_stop = [t for t in p.stop_token_ids if t >= self.vocab_size]
             if bad_stop:
