@@ -25,6 +25,7 @@ from conformance.implementation import make_runner as runner_for
 from reference.config import MODES as MODE_FIELDS
 from reference.config import CompilationConfig, mode_config
 from reference.engine import ModelRunner
+from reference.engine.llm import LLM
 from reference.models.llama import LlamaForCausalLM
 from reference.models.presets import LLAMA_TINY
 from reference.models.weights import init_random_weights
@@ -155,3 +156,9 @@ def assert_error_within_twice_eager(actual: torch.Tensor, eager: torch.Tensor, r
     assert mode_error <= 2 * eager_error + eps, (
         f"error vs reference {mode_error:.3g} exceeds 2 x eager's error {eager_error:.3g} + eps {eps:.3g}"
     )
+
+
+def tiny_eager_llm(**engine_args) -> LLM:
+    """``LLM('llama-tiny')`` in eager mode on the CPU, without progress bars; ``engine_args`` are the
+    engine's (``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``, ``scheduling``)."""
+    return LLM("llama-tiny", enforce_eager=True, device="cpu", use_tqdm=False, **engine_args)

@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.helpers import token_ids
+from conformance.helpers import tiny_eager_llm, token_ids
 from reference.benchmark.choices import MODE_KWARGS
 from reference.engine.llm import LLM
 from reference.engine.requests import Request
@@ -148,14 +148,8 @@ def engines():
     def get(max_num_seqs, budget, chunked):
         key = (max_num_seqs, budget, chunked)
         if key not in built:
-            built[key] = LLM(
-                "llama-tiny",
-                enforce_eager=True,
-                device="cpu",
-                use_tqdm=False,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=budget,
-                enable_chunked_prefill=chunked,
+            built[key] = tiny_eager_llm(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
             )
         return built[key]
 

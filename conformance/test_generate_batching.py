@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.helpers import token_ids
-from reference.engine.llm import LLM
+from conformance.helpers import tiny_eager_llm, token_ids
 from reference.engine.sampling import SamplingParams
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.eager]
@@ -34,11 +33,7 @@ SCHEDULES = {
 
 
 def _llm(max_num_seqs=8, max_num_batched_tokens=None, enable_chunked_prefill=True, scheduling="continuous"):
-    return LLM(
-        "llama-tiny",
-        enforce_eager=True,
-        device="cpu",
-        use_tqdm=False,
+    return tiny_eager_llm(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill,
