@@ -1,0 +1,215 @@
+"""The throughput benchmark (``python -m reference.bench_throughput``): the workload it draws, the steps it
+counts against the closed forms of static and continuous batching, the documented JSON, and one-line
+errors for bad flags, given before any model is built."""
+
+import heapq
+import json
+
+import pytest
+
+from reference import bench_throughput
+from reference.bench_throughput import SCHEDULINGS, main
+from reference.benchmark import throughput
+from reference.benchmark.throughput import FIRST_PROMPT_TOKEN, draw_workload
+from reference.engine.scheduler import SCHEDULING
+
+pytestmark = pytest.mark.requires("components")
+
+ERROR = "python -m reference.bench_throughput: error: "
+NOT_A_LENGTH = "expected an int >= 1 or MIN:MAX (ints >= 1, MIN <= MAX), got"
+# 7 requests over 3 rows: static runs three batches, continuous starts requests in freed rows
+SMALL = ["--model", "llama-tiny", "--num-prompts", "7", "--input-len", "2:9", "--output-len", "1:6"]
+SMALL += ["--max-num-seqs", "3", "--device", "cpu"]
+
+
+def _run(tmp_path, *argv: str) -> dict:
+    out = tmp_path / "throughput.json"
+    main([*SMALL, "--modes", "eager", *argv, "--output-json", str(out)])
+    return json.loads(out.read_text())
+
+
+def _static_steps(output_lens: list[int], rows: int) -> int:
+    """Static batching with a budget that holds every prompt of a batch: each batch of ``rows`` requests
+    prefills in one step (sampling each request's first token) and decodes until its longest one ends."""
+    return sum(max(output_lens[i : i + rows]) for i in range(0, len(output_lens), rows))
+
+
+def _continuous_steps(output_lens: list[int], rows: int) -> int:
+    """Continuous batching with such a budget is greedy list scheduling: requests in order, each starting in
+    the first step where a row is free and holding it for as many steps as it generates tokens."""
+    free_at = [0] * rows
+    for n in output_lens:
+        heapq.heappush(free_at, heapq.heappop(free_at) + n)
+    return max(free_at)
+
+
+@pytest.mark.eager
+def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_documented_json(tmp_path, capsys):
+    doc = _run(tmp_path, "--seed", "3")
+    work = doc["workload"]
+    assert work["token_range"] == [FIRST_PROMPT_TOKEN, 256]  # llama-tiny's vocabulary
+    drawn = draw_workload(3, 7, (2, 9), (1, 6), 256)
+    assert (work["input_lens"], work["output_lens"]) == ([len(p) for p in drawn.prompts], drawn.output_lens)
+    assert work["output_tokens"] == sum(work["output_lens"]) and work["prompt_tokens"] == sum(work["input_lens"])
+    assert (work["seed"], work["num_prompts"], work["input_len"], work["output_len"]) == (3, 7, [2, 9], [1, 6])
+    assert doc["engine"]["max_model_len"] == 9 + 6 and doc["engine"]["max_num_seqs"] == 3
+    assert [(r["mode"], r["scheduling"]) for r in doc["rows"]] == [("eager", "continuous"), ("eager", "static")]
+    continuous, static = doc["rows"]
+    for row in doc["rows"]:
+        assert row["output_tokens"] == sum(work["output_lens"]), row  # ignore_eos: every length exact
+        # every prompt token is fed once, every generated token but each request's last is fed back once
+        assert row["tokens_run"] == work["prompt_tokens"] + work["output_tokens"] - work["num_prompts"], row
+        assert row["requests_per_s"] == pytest.approx(7 / row["elapsed_s"])
+        assert row["output_tokens_per_s"] == pytest.approx(work["output_tokens"] / row["elapsed_s"])
+        total = work["prompt_tokens"] + work["output_tokens"]
+        assert row["total_tokens_per_s"] == pytest.approx(total / row["elapsed_s"])
+    assert static["num_steps"] == _static_steps(work["output_lens"], 3)
+    assert continuous["num_steps"] == _continuous_steps(work["output_lens"], 3)
+    assert continuous["num_steps"] < static["num_steps"]  # the drawn lengths leave static rows idle
+    assert continuous["speedup_vs_static"] == pytest.approx(static["elapsed_s"] / continuous["elapsed_s"])
+    assert static["speedup_vs_static"] is None
+    env = doc["env"]
+    assert {"cpu", "threads", "gpu", "torch", "commit", "date", "command"} <= set(env) and env["gpu"] is None
+    assert env["command"].startswith("python -m reference.bench_throughput --model llama-tiny --num-prompts 7 ")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("llama-tiny on cpu") and "7 requests" in printed[0]
+    table = [line for line in printed if line.startswith("| eager |")]
+    assert [line.split(" | ")[1] for line in table] == ["continuous", "static"]
+    assert table[0].split(" | ")[9] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[9] == "-"
+
+
+@pytest.mark.eager
+@pytest.mark.no_inductor
+def test_each_mode_is_compared_with_the_first_modes_tokens_under_the_same_scheduling(tmp_path, capsys):
+    """Same batches, same tokens: no_inductor runs eager's ops (bitwise on the CPU), so each of its rows
+    agrees with eager's row of its scheduling; a row that ran other requests' tokens would not."""
+    doc = _run(tmp_path, "--modes", "eager,no_inductor")
+    assert [(r["mode"], r["scheduling"]) for r in doc["rows"]] == [
+        ("eager", "continuous"), ("eager", "static"), ("no_inductor", "continuous"), ("no_inductor", "static"),
+    ]  # fmt: skip
+    assert [r["same_tokens_as_first_mode"] for r in doc["rows"]] == [1.0] * 4
+    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| mode |"))
+    assert head.endswith("| vs static | same tokens as eager (same scheduling) |")
+
+
+@pytest.mark.eager
+def test_the_same_seed_draws_the_same_workload_and_another_seed_another(tmp_path):
+    docs = [_run(tmp_path, "--scheduling", "static", "--seed", s)["workload"] for s in ("5", "5", "6")]
+    assert docs[0] == docs[1]
+    assert (docs[0]["input_lens"], docs[0]["output_lens"]) != (docs[2]["input_lens"], docs[2]["output_lens"])
+
+
+def test_a_workload_is_drawn_within_its_ranges_and_a_single_length_is_every_requests():
+    work = draw_workload(11, 200, (2, 9), (4, 4), 256)
+    inputs = [len(p) for p in work.prompts]
+    assert set(inputs) == set(range(2, 10))  # uniform over MIN..MAX inclusive: 200 draws hit all 8
+    assert work.output_lens == [4] * 200
+    tokens = {t for p in work.prompts for t in p}
+    assert min(tokens) == FIRST_PROMPT_TOKEN and max(tokens) == 255  # [3, vocab): no pad, BOS or EOS
+    assert draw_workload(11, 200, (2, 9), (4, 4), 256) == work and draw_workload(12, 200, (2, 9), (4, 4), 256) != work
+
+
+def test_the_cli_offers_the_engines_schedulings():
+    assert SCHEDULINGS == SCHEDULING
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--input-len", "0"], f"argument --input-len: {NOT_A_LENGTH} '0'"),
+        (["--input-len", "9:3"], "argument --input-len: MIN:MAX with MIN 9 above MAX 3 in '9:3'; give MIN <= MAX"),
+        (["--input-len", "a:b"], f"argument --input-len: {NOT_A_LENGTH} 'a:b'"),
+        (["--output-len", "0:4"], f"argument --output-len: {NOT_A_LENGTH} '0:4'"),
+        (["--output-len", "1:2:3"], f"argument --output-len: {NOT_A_LENGTH} '1:2:3'"),
+        (["--modes", "eager,fast"], "argument --modes: unknown ['fast']; choose from eager, breakable, no_inductor,"),
+        (["--modes", ""], "argument --modes: no mode given in ''"),
+        (["--scheduling", "fifo"], "argument --scheduling: unknown ['fifo']; choose from continuous, static"),
+        (["--scheduling", ","], "argument --scheduling: no scheduling given in ','; choose from continuous, static"),
+        (["--scheduling", "static,static"], "argument --scheduling: 'static,static' names a scheduling twice"),
+        (["--max-num-seqs", "0"], "argument --max-num-seqs: expected an int >= 1, got '0'"),
+        (["--num-prompts", "0"], "argument --num-prompts: expected an int >= 1, got '0'"),
+        (["--seed", "-1"], "argument --seed: expected an int in [0, 2**63), got '-1'"),
+        (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+        (["--model", "no-such-model"], "argument --model: "),
+        (["--output-json", ""], "argument --output-json: empty; give a file path"),
+        (["--output-json", "conformance"], "--output-json: 'conformance' is a directory; give a file path"),
+        (
+            ["--max-num-seqs", "8", "--max-num-batched-tokens", "4"],
+            "--max-num-batched-tokens 4 is below --max-num-seqs 8: a step decodes one token of every running request",
+        ),
+        (
+            ["--input-len", "500", "--output-len", "8:13"],
+            "--input-len 500 + --output-len 8:13: the longest request needs 513 positions; llama-tiny has 512 "
+            "(max_position_embeddings)",
+        ),
+        (
+            ["--max-model-len", "50"],
+            "--max-model-len 50 is below the longest request: --input-len 8:64 + --output-len 4:32 = 96 tokens",
+        ),
+        (
+            ["--input-len", "4", "--output-len", "4", "--max-model-len", "600"],
+            "--max-model-len 600 exceeds llama-tiny's 512 positions (max_position_embeddings)",
+        ),
+        (
+            ["--max-num-seqs", "2", "--max-model-len", "100", "--max-num-batched-tokens", "201"],
+            "--max-num-batched-tokens 201 exceeds --max-num-seqs x --max-model-len (2 x 100 = 200)",
+        ),
+    ],
+    ids=[
+        "input-len-0", "min-above-max", "not-ints", "output-min-0", "three-parts", "unknown-mode", "no-mode",
+        "unknown-scheduling", "no-scheduling", "scheduling-twice", "max-num-seqs-0", "num-prompts-0", "seed",
+        "dtype", "model", "empty-output-json", "output-json-is-dir", "budget-below-seqs", "past-positions",
+        "max-model-len-below-requests", "max-model-len-past-positions", "budget-above-cache",
+    ],
+)  # fmt: skip
+def test_a_bad_flag_is_one_line_naming_it_before_any_model_is_built(argv, message, capsys, monkeypatch):
+    def no_run(args):
+        raise AssertionError("a bad flag reached the run")
+
+    monkeypatch.setattr(throughput, "run", no_run)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.eager
+def test_a_kv_cache_beyond_memory_is_one_line_naming_the_limits(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", "eager", "--device", "cpu", "--input-len", "4", "--output-len", "4",
+              "--max-num-seqs", str(10**12)])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(ERROR + "max_num_seqs x max_model_len (1000000000000 x 8)") and len(err.splitlines()) == 1
+
+
+@pytest.mark.eager
+def test_ctrl_c_keeps_the_rows_that_finished(tmp_path, capsys, monkeypatch):
+    timed = throughput._time_generate
+
+    def interrupted_on_static(llm, workload, params):
+        if llm.llm_engine.scheduler.static:
+            raise KeyboardInterrupt
+        return timed(llm, workload, params)
+
+    monkeypatch.setattr(throughput, "_time_generate", interrupted_on_static)
+    with pytest.raises(SystemExit) as exit_info:
+        _run(tmp_path)
+    assert exit_info.value.code == 130
+    doc = json.loads((tmp_path / "throughput.json").read_text())
+    assert [r["scheduling"] for r in doc["rows"]] == ["continuous"] and doc["rows"][0]["speedup_vs_static"] is None
+    assert doc["interrupted"] == "interrupted during eager/static: 1 of 2 rows finished"
+    captured = capsys.readouterr()
+    assert "| eager | continuous |" in captured.out and captured.err.splitlines()[-1].endswith(doc["interrupted"])
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_throughput.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--modes", "--scheduling", "--num-prompts", "--input-len", "--output-len",
+                 "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--dtype", "--device", "--seed",
+                 "--output-json"):  # fmt: skip
+        assert flag in out

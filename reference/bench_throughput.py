@@ -1,0 +1,269 @@
+"""Offline throughput per compilation mode and scheduling, like vLLM's ``vllm bench throughput``: the CLI.
+
+``python -m reference.bench_throughput --model llama-tiny --modes eager,no_inductor --num-prompts 64
+--input-len 8:64 --output-len 4:32 --output-json perf/results/throughput.json``
+
+One workload of ``--num-prompts`` requests, handed to one ``generate`` call per (mode, scheduling):
+``continuous`` (the engine's continuous batching with chunked prefill) and ``static`` (a batch of up to
+``--max-num-seqs`` requests runs to its end before the next starts: the baseline). Each request is random
+token ids (seeded) and greedy with ``ignore_eos``, so it generates exactly its drawn output length.
+:mod:`reference.benchmark.throughput` runs it (what is timed, what a step is).
+
+Lengths: ``--input-len`` and ``--output-len`` are each ``N`` (every request) or ``MIN:MAX`` (each request
+draws an int uniformly from MIN..MAX inclusive). vLLM's random dataset takes a centre per length and one
+``--random-range-ratio r`` for both, drawing each length between about ``L x (1 - r)`` and ``L x (1 + r)``;
+so ``--input-len 8:64 --output-len 4:32`` is roughly vLLM's ``--input-len 36 --output-len 18
+--random-range-ratio 0.78``, and ``N`` is vLLM's ratio 0. A range states the bounds that are drawn (a ratio
+leaves them to rounding), lets prompts and outputs spread differently, and is what the limits are checked
+against: ``--max-model-len`` defaults to MAX input + MAX output.
+
+``--max-num-seqs`` defaults to 16, not vLLM's 256: a quarter of the default ``--num-prompts``, so static
+batching runs four batches and continuous batching has waiting requests to start in the rows that free up
+(with every prompt in one batch the two schedulings run the same steps), and a CPU step stays small.
+
+Only argparse and the light parts of the project load before the flags are checked: ``--help`` and usage
+errors answer at once; torch, transformers and the models load after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS
+from reference.benchmark.cli import (
+    OneLineParser,
+    check_output_file,
+    device_name,
+    mode_names,
+    model_name,
+    names_of,
+    non_empty_path,
+    positive_int,
+    seed,
+    usage_error,
+)
+from reference.config import echo
+
+PROG = "python -m reference.bench_throughput"
+# reference.engine.scheduler.SCHEDULING, spelled here so that --help imports no torch (a test keeps them equal)
+SCHEDULINGS = ("continuous", "static")
+
+
+def length_range(text: str) -> tuple[int, int]:
+    """argparse type: ``N`` or ``MIN:MAX`` token counts, ints >= 1 with MIN <= MAX, as ``(MIN, MAX)``."""
+    parts = text.split(":")
+    try:
+        low, high = (int(p) for p in parts) if len(parts) == 2 else (int(text),) * 2
+    except ValueError:
+        low = high = None
+    if low is None or low < 1 or high < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or MIN:MAX (ints >= 1, MIN <= MAX), got {echo(text)}")
+    if low > high:
+        raise argparse.ArgumentTypeError(f"MIN:MAX with MIN {low} above MAX {high} in {echo(text)}; give MIN <= MAX")
+    return low, high
+
+
+def scheduling_names(text: str) -> list[str]:
+    """argparse type: comma-separated names of ``SCHEDULINGS``, at least one."""
+    names = names_of(SCHEDULINGS, "scheduling")(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"no scheduling given in {echo(text)}; choose from {', '.join(SCHEDULINGS)}")
+    return names
+
+
+def _spelled(span: tuple[int, int]) -> str:
+    low, high = span
+    return str(low) if low == high else f"{low}:{high}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG,
+        description="Throughput of one generate call over a workload of random requests, per compilation mode "
+        "and scheduling (continuous batching against static batches): requests/s and tokens/s.",
+        epilog="Each request's prompt is random token ids in [3, vocab); it generates exactly its output length "
+        "(greedy, ignore_eos). Per (mode, scheduling): the LLM is built (start-up, reported apart), one small "
+        "untimed generate warms it up, then one generate of every request is timed. A range N:M draws each "
+        "request's length uniformly from N..M with random.Random(--seed).",
+    )
+    default = " (default: %(default)s)"
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default="llama-tiny",
+        help="preset, pretrained name, .gguf file or checkpoint dir" + default,
+    )
+    parser.add_argument(
+        "--modes",
+        type=mode_names,
+        default=["no_inductor"],
+        help=f"comma-separated, run in this order, out of {','.join(MODE_KWARGS)} (default: no_inductor)",
+    )
+    parser.add_argument(
+        "--scheduling",
+        type=scheduling_names,
+        default=list(SCHEDULINGS),
+        help="comma-separated, run in this order for each mode: continuous (batching with chunked prefill), "
+        f"static (the baseline: batches of --max-num-seqs run to their end) (default: {','.join(SCHEDULINGS)})",
+    )
+    parser.add_argument("--num-prompts", type=positive_int, default=64, help="requests in the workload" + default)
+    parser.add_argument(
+        "--input-len", type=length_range, default=(8, 64), metavar="N|MIN:MAX", help="prompt tokens (default: 8:64)"
+    )
+    parser.add_argument(
+        "--output-len", type=length_range, default=(4, 32), metavar="N|MIN:MAX", help="generated tokens (default: 4:32)"
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=16,
+        help="requests running at once (KV-cache rows; vLLM's default is 256, see the module doc)" + default,
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens per step at most (default: the LLM's, --max-num-seqs x --max-model-len)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="tokens per sequence (default: MAX of --input-len + MAX of --output-len)",
+    )
+    parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
+    parser.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument(
+        "--seed", type=seed, default=0, help="seed of the lengths, the prompts and the random weights" + default
+    )
+    parser.add_argument(
+        "--output-json", type=non_empty_path("a file path"), default=None, help="write the rows as JSON here"
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the flags, before any model is built; errors exit with code 2 and name the flag."""
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs:
+        parser.error(
+            f"--max-num-batched-tokens {args.max_num_batched_tokens} is below --max-num-seqs {args.max_num_seqs}: "
+            "a step decodes one token of every running request"
+        )
+    if args.output_json is not None:
+        check_output_file(parser, "--output-json", args.output_json)
+    from reference.models import registry  # transformers: after the cheap checks
+
+    positions = registry.model_config(args.model).get_text_config().max_position_embeddings
+    longest = args.input_len[1] + args.output_len[1]
+    if longest > positions:
+        parser.error(
+            f"--input-len {_spelled(args.input_len)} + --output-len {_spelled(args.output_len)}: the longest request "
+            f"needs {longest} positions; {args.model} has {positions} (max_position_embeddings)"
+        )
+    if args.max_model_len is None:
+        args.max_model_len = longest
+    elif args.max_model_len < longest:
+        parser.error(
+            f"--max-model-len {args.max_model_len} is below the longest request: --input-len "
+            f"{_spelled(args.input_len)} + --output-len {_spelled(args.output_len)} = {longest} tokens"
+        )
+    elif args.max_model_len > positions:
+        parser.error(
+            f"--max-model-len {args.max_model_len} exceeds {args.model}'s {positions} positions "
+            "(max_position_embeddings)"
+        )
+    cache_tokens = args.max_num_seqs * args.max_model_len
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens > cache_tokens:
+        parser.error(
+            f"--max-num-batched-tokens {args.max_num_batched_tokens} exceeds --max-num-seqs x --max-model-len "
+            f"({args.max_num_seqs} x {args.max_model_len} = {cache_tokens}): no step holds more than the KV cache"
+        )
+    args.argv, args.prog = given, PROG
+    return args
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table: throughput, steps, the speed-up over static batching, token agreement."""
+    first = rows[0]["mode"]
+    head = ["mode", "scheduling", "start-up s", "elapsed s", "req/s", "output tok/s", "total tok/s", "steps"]
+    head += ["tokens/step", "vs static", f"same tokens as {first} (same scheduling)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        speedup = r["speedup_vs_static"]
+        cells = [r["mode"], r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
+        cells += [f"{r['requests_per_s']:.1f}", f"{r['output_tokens_per_s']:.1f}", f"{r['total_tokens_per_s']:.1f}"]
+        cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}"]
+        cells += ["-" if speedup is None else f"{speedup:.2f}x", f"{r['same_tokens_as_first_mode']:.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def header(doc: dict) -> str:
+    """The line over the table: model, device, dtype, the workload and the engine's limits."""
+    w, e, env = doc["workload"], doc["engine"], doc["env"]
+    device = env["gpu"] or f"cpu ({env['cpu']})"
+    line = (
+        f"{doc['model']} on {device}, {e['dtype']}: {w['num_prompts']} requests, input "
+        f"{_spelled(w['input_len'])} ({w['prompt_tokens']} tokens), output {_spelled(w['output_len'])} "
+        f"({w['output_tokens']} tokens), seed {w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens "
+        f"{e['max_num_batched_tokens']}, max_model_len {e['max_model_len']}"
+    )
+    if not env["gpu"] and any(m != "eager" for m in {r["mode"] for r in doc["rows"]}):
+        line += "\nnote: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them"
+    return line
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point: prints the table, writes ``--output-json``.
+
+    The JSON document: ``{"benchmark": "throughput", "model", "workload": {"seed", "num_prompts",
+    "input_len" and "output_len" ([MIN, MAX]), "token_range" ([first, end) of the prompts' ids), "input_lens",
+    "output_lens" (drawn, per request), "prompt_tokens", "output_tokens" (their sums)}, "engine":
+    {"max_num_seqs", "max_num_batched_tokens" (the one used), "max_model_len", "enable_chunked_prefill",
+    "dtype" (the one used), "device"}, "rows": [{"mode", "scheduling", "startup_s" (building the LLM),
+    "elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s" (prompt + output),
+    "output_tokens" (generated), "num_steps" (model steps run), "tokens_run" (tokens those steps fed the
+    model), "speedup_vs_static" (static's elapsed / continuous's, same mode; null on static rows or without a
+    static row), "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first
+    mode's row of the same scheduling: :mod:`reference.benchmark.throughput` says why not across
+    schedulings)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch",
+    "commit", "date", "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.
+    Ctrl-C keeps the finished rows (printed and written; exit status 130).
+    """
+    args = parse_args(argv)
+    from reference.benchmark.report import write_whole
+    from reference.benchmark.throughput import Interrupted, run
+    from reference.config import ConfigError
+
+    try:
+        doc = run(args)
+    except ConfigError as err:  # the memory check: the flags' doing (--max-num-seqs, --max-model-len)
+        print(usage_error(PROG, str(err)), file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as err:  # Ctrl-C before any row finished
+        print(f"{PROG}: {err}", file=sys.stderr)
+        sys.exit(130)
+    print(header(doc))
+    print(table(doc["rows"]))
+    if args.output_json is not None:
+        import json
+
+        try:
+            Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+            write_whole(args.output_json, json.dumps(doc, indent=2))
+            print(f"wrote {args.output_json}", file=sys.stderr)
+        except OSError as err:  # checked writable up front, but a disk can fill during the run
+            print(f"{PROG}: error: cannot write {args.output_json} ({err.strerror or err})", file=sys.stderr)
+            sys.exit(1)
+    if "interrupted" in doc:
+        print(f"{PROG}: {doc['interrupted']}", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""One throughput run: a workload of random requests through one ``generate`` call per (mode, scheduling).
+
+The workload is drawn once (:func:`draw_workload`) and every row runs all of it. The first row's
+:class:`~reference.engine.llm.LLM` builds the weights and every later one shares them; each row is its own
+``LLM`` (its compilation, KV cache, CUDA graphs and scheduling), built untimed (``startup_s``), warmed up by
+one small untimed ``generate``, then timed over one ``generate`` of every request between device
+synchronisations. A step is one call of the runner (one forward of the model); the engine's last call,
+which only reads the tokens of the step before, runs none and is not counted.
+
+Each row's tokens are compared with those of the first mode's row of the same scheduling, which ran the
+same batches. Across schedulings the batches differ, and another batch moves a request's logits by
+rounding (conformance/test_generate_batching.py), enough to flip a greedy near-tie. On a CPU in float32
+eager and the Inductor-free modes then agree on every request; on a GPU in bfloat16 a step padded to a
+capture size multiplies matrices of another shape, and random weights, whose best logits lie close,
+can part most requests somewhere along their tokens, so there the column is a hint, not a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import shlex
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reference.benchmark.choices import mode_kwargs
+from reference.benchmark.latency import NO_GRAPHS_WARNING
+from reference.benchmark.machine import benchmark_threads, machine_info, source_commit
+from reference.benchmark.timing import release, sync
+from reference.engine.llm import LLM
+from reference.engine.sampling import SamplingParams
+from reference.models import registry
+
+# token ids below this are left out of prompts: 0-2 are pad / unk, BOS and EOS in the tiny presets and
+# SentencePiece vocabularies (elsewhere they are ordinary tokens, and leaving them out costs nothing)
+FIRST_PROMPT_TOKEN = 3
+# the warm-up: this many of the workload's requests, each at most this many tokens out (a prefill and a decode)
+WARMUP_REQUESTS, WARMUP_MAX_TOKENS = 4, 2
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run before any row finished (the message says during which)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests of a run: ``prompts[i]`` (token ids) generates exactly ``output_lens[i]`` tokens."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    def describe(self) -> dict[str, Any]:
+        inputs = [len(p) for p in self.prompts]
+        return {
+            "input_lens": inputs,
+            "output_lens": self.output_lens,
+            "prompt_tokens": sum(inputs),
+            "output_tokens": sum(self.output_lens),
+        }
+
+
+def draw_workload(
+    seed: int, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int
+) -> Workload:
+    """``num_prompts`` requests drawn with ``random.Random(seed)``: every input length (uniform over
+    ``input_len``'s inclusive MIN..MAX), then every output length, then each prompt's token ids (uniform in
+    ``[FIRST_PROMPT_TOKEN, vocab_size)``)."""
+    rng = random.Random(seed)
+    inputs = [rng.randint(*input_len) for _ in range(num_prompts)]
+    outputs = [rng.randint(*output_len) for _ in range(num_prompts)]
+    prompts = [[rng.randrange(FIRST_PROMPT_TOKEN, vocab_size) for _ in range(n)] for n in inputs]
+    return Workload(prompts, outputs)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every (mode, scheduling) row of ``args`` (the parsed ``bench_throughput`` flags); returns the results
+    document (described in :func:`reference.bench_throughput.main`).
+
+    Raises:
+        Interrupted: Ctrl-C before any row finished (after one, the document says where it stopped).
+        reference.config.ConfigError: the KV cache and buffers do not fit the device's memory.
+    """
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(benchmark_threads(device, None))
+    try:
+        return _run(args, device)
+    finally:
+        torch.set_num_threads(threads_before)  # a caller in the same process (the tests) keeps its own
+
+
+def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    vocab = registry.model_config(args.model).get_text_config().vocab_size
+    workload = draw_workload(args.seed, args.num_prompts, args.input_len, args.output_len, vocab)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    rows: list[dict[str, Any]] = []
+    first_tokens: dict[str, list[list[int]]] = {}  # per scheduling, the first mode's: the agreement column
+    owner: LLM | None = None  # the LLM holding the weights
+    runs = [(mode, scheduling) for mode in args.modes for scheduling in args.scheduling]
+    interrupted = None
+    try:
+        for mode, scheduling in runs:
+            start = time.perf_counter()
+            llm = _build_llm(args, device, owner, scheduling, **mode_kwargs(mode, None))
+            startup_s = time.perf_counter() - start
+            owner = owner or llm
+            row, tokens = _time_generate(llm, workload, params)
+            first = first_tokens.setdefault(scheduling, tokens)
+            agree = sum(a == b for a, b in zip(tokens, first)) / len(tokens)
+            rows.append({"mode": mode, "scheduling": scheduling, "startup_s": startup_s, **row,
+                         "same_tokens_as_first_mode": agree})  # fmt: skip
+            print(
+                f"{mode}/{scheduling}: {row['requests_per_s']:.1f} requests/s, {row['output_tokens_per_s']:.1f} "
+                f"output tokens/s ({row['elapsed_s']:.3f} s, {row['num_steps']} steps)",
+                file=sys.stderr,
+            )
+            if llm is not owner:
+                del llm
+                release(device)
+    except KeyboardInterrupt:  # keep what finished, say where it stopped
+        where = f"interrupted during {mode}/{scheduling}: {len(rows)} of {len(runs)} rows finished"
+        if not rows:
+            raise Interrupted(where) from None
+        interrupted = where
+    _add_speedups(rows)
+    return {
+        "benchmark": "throughput",
+        "model": args.model,
+        "workload": {
+            "seed": args.seed,
+            "num_prompts": args.num_prompts,
+            "input_len": list(args.input_len),
+            "output_len": list(args.output_len),
+            "token_range": [FIRST_PROMPT_TOKEN, vocab],  # prompt token ids: FIRST_PROMPT_TOKEN <= id < vocab
+            **workload.describe(),
+        },
+        "engine": {
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": owner.runner.max_num_tokens,
+            "max_model_len": owner.max_model_len,
+            "enable_chunked_prefill": True,
+            "dtype": str(owner.dtype).removeprefix("torch."),
+            "device": str(owner.device),
+        },
+        "rows": rows,
+        **({"interrupted": interrupted} if interrupted else {}),
+        "env": {
+            **machine_info(device),  # threads: the run's (benchmark_threads), read before they are restored
+            "torch": torch.__version__,
+            "commit": source_commit(Path(__file__).resolve().parents[2]),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": f"{args.prog} " + shlex.join(args.argv),
+        },
+    }
+
+
+def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None, scheduling: str, **kwargs) -> LLM:
+    """An LLM of ``args.model`` with the run's limits and ``scheduling``, sharing ``owner``'s weights;
+    ``kwargs``: the mode's."""
+    with warnings.catch_warnings():  # said once, over the table, not per row
+        warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+        return LLM(
+            args.model,
+            dtype=args.dtype,
+            device=device,
+            seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            enable_chunked_prefill=True,
+            scheduling=scheduling,
+            share_weights_with=owner,
+            skip_tokenizer_init=True,  # token-id prompts, ignore_eos: a tokenizer would only be a way to fail
+            use_tqdm=False,
+            **kwargs,
+        )
+
+
+def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -> tuple[dict, list[list[int]]]:
+    """The warm-up, then the timed ``generate`` of the whole workload with its steps counted; the row's
+    measured fields and the tokens each request generated."""
+    warmup = slice(0, WARMUP_REQUESTS)
+    warmup_params = [SamplingParams(temperature=0, max_tokens=min(p.max_tokens, WARMUP_MAX_TOKENS), ignore_eos=True)
+                     for p in params[warmup]]  # fmt: skip
+    runner, counts = llm.runner, {"steps": 0, "tokens": 0}
+
+    def counted_step(new_tokens, context_lens, rows, fed=None):
+        counts["steps"] += 1
+        host = len(new_tokens) if isinstance(new_tokens, torch.Tensor) else sum(map(len, new_tokens))
+        counts["tokens"] += host + (0 if fed is None else len(fed))  # shapes only: no wait for the device
+        return type(runner).step(runner, new_tokens, context_lens, rows, fed=fed)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
+        llm.generate(workload.prompts[warmup], warmup_params, use_tqdm=False)
+        runner.step = counted_step  # the engine calls runner.step: this instance's attribute wins
+        try:
+            sync(llm.device)
+            start = time.perf_counter()
+            outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+            sync(llm.device)
+            elapsed = time.perf_counter() - start
+        finally:
+            del runner.step
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    generated = sum(map(len, tokens))
+    prompt_tokens = sum(map(len, workload.prompts))
+    row = {
+        "elapsed_s": elapsed,
+        "requests_per_s": len(tokens) / elapsed,
+        "output_tokens_per_s": generated / elapsed,
+        "total_tokens_per_s": (prompt_tokens + generated) / elapsed,
+        "output_tokens": generated,
+        "num_steps": counts["steps"],
+        "tokens_run": counts["tokens"],
+    }
+    return row, tokens
+
+
+def _add_speedups(rows: list[dict[str, Any]]) -> None:
+    """Each continuous row's ``speedup_vs_static``: its mode's static elapsed / its own (None without one);
+    static rows get None."""
+    static = {r["mode"]: r["elapsed_s"] for r in rows if r["scheduling"] == "static"}
+    for r in rows:
+        base = static.get(r["mode"]) if r["scheduling"] == "continuous" else None
+        r["speedup_vs_static"] = None if base is None else base / r["elapsed_s"]
