@@ -101,3 +101,21 @@ def equal_lengths(impl) -> OracleCase:
 @pytest.mark.parametrize("mode", ["eager", "no_inductor"])
 def test_gemma3_with_equal_prompt_lengths_past_the_window_matches_transformers(equal_lengths, mode):
     equal_lengths.assert_matches_oracle(mode, "cpu")
+
+
+@pytest.mark.parametrize(
+    "query_lens, leading",
+    [([1, 1, 5, 1, 3], 2), ([4, 1, 1], 0), ([1, 1, 1], 3), ([2], 0), ([1, 7], 1)],
+)
+def test_the_varlen_table_from_a_sequence_on_holds_that_sequences_and_the_ones_after(query_lens, leading):
+    """What a mixed step on CUDA splits at (the decode kernel takes the leading one-token sequences, the
+    prefill kernel the rest, through ``varlen_tensor(first=...)``): the split point and each column of the
+    table from it, checked on the CPU where the table is built."""
+    seq_lens = [q + 3 * i for i, q in enumerate(query_lens)]
+    rows = list(range(len(query_lens)))[::-1]
+    md = AttentionMetadata.build(query_lens, seq_lens, rows, 64, "cpu")
+    assert md.num_leading_single_tokens == leading
+    starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
+    for first in {0, leading}:
+        table = md.varlen_tensor("cpu", first=first).tolist()
+        assert table == [starts[first:], query_lens[first:], seq_lens[first:], rows[first:]]

@@ -192,9 +192,19 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
 )
 @pytest.mark.parametrize("group", [1, 4, 5])
 @pytest.mark.parametrize("head_size", [64, 256])
-def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group, head_size):
-    """One variable-length launch for a mixed step: a prompt from an empty cache longer than a query block,
-    a chunk after cached context, a one-token (decode) sequence and a short prompt; non-consecutive cache
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # a prompt from an empty cache longer than a query block, a chunk after cached context, a one-token
+        # (decode) sequence and a short prompt: one variable-length launch
+        ([70, 9, 1, 3], [0, 40, 100, 0], [3, 0, 5, 1]),
+        # continuous batching's mixed step: two decodes first (the decode kernel), then prompt chunks
+        ([1, 1, 70, 9, 3], [100, 20, 0, 40, 0], [5, 2, 3, 0, 1]),
+    ],
+    ids=["prefills", "decodes_first"],
+)
+def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group, head_size, layout):
+    """Attention of a step that is not a uniform decode, against the torch path; non-consecutive cache
     rows; three padding rows, which must not be written."""
 
     class Layer:
@@ -206,7 +216,7 @@ def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap,
     dtype, _ = dtype_tol
     layer, d = Layer(), head_size
     layer.head_size = d
-    query_lens, context, rows, max_len = [70, 9, 1, 3], [0, 40, 100, 0], [3, 0, 5, 1], 160
+    (query_lens, context, rows), max_len = layout, 160
     seq_lens = [c + q for c, q in zip(context, query_lens)]
     n = sum(query_lens)
     cache = torch.randn(2, 6, max_len, 2, d, device="cuda", dtype=dtype)

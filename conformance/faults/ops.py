@@ -206,6 +206,11 @@ def _rotate_adjacent_pairs(positions, x, cos_sin_cache, head_size):
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).flatten(-2)
 
 
+def _every_single_token_sequence(self) -> int:
+    """Counts every one-token sequence of the step, not only the leading run of them."""
+    return sum(q == 1 for q in self.query_lens)
+
+
 FAULTS = [
     Fault(
         id="prefill-kernel-window-one-too-wide",
@@ -223,6 +228,17 @@ FAULTS = [
         "loop instead of before it, so each sequence attends to the stale entry at its own position",
         plant=_decode_reads_before_its_cache_write,
         tests="test_decode_attention_kernel_matches_torch_path",
+        device="cuda",
+    ),
+    Fault(
+        id="mixed-step-decode-count-takes-every-one-token-sequence",
+        kind="attention",
+        description="a mixed step sends as many of its first sequences to the decode kernel as it has one-token "
+        "sequences anywhere, so a prompt chunk first in the step is attended as if it were one decode token",
+        plant=patches(
+            mock.patch.object(AttentionMetadata, "num_leading_single_tokens", property(_every_single_token_sequence))
+        ),
+        tests="test_prefill_attention_kernel_matches_torch_path",
         device="cuda",
     ),
     Fault(

@@ -56,23 +56,31 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
     """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
 
-    On CUDA in fp16, bf16 or fp32 a decode step takes one Triton launch (cache write + attention), and any
-    other step (prefill, mixed) the cache write and one variable-length Triton launch for all its
-    sequences; everything else (float64 references included) runs the torch path below, which is also the
-    reference the Triton kernels are tested against.
+    On CUDA in fp16, bf16 or fp32 a decode step takes one Triton launch (cache write + attention). Any
+    other step (prefill, mixed) writes the cache, then runs its leading one-token sequences (a
+    continuous-batching step's decodes) through the decode kernel and the rest through one
+    variable-length Triton launch: the prefill kernel gives each query head a program and blocks of 64
+    queries, so a decode row there would read its kv head's cache once per query head of the group and
+    fill 1 of 64 rows. Everything else (float64 references included) runs the torch path below, which is
+    also the reference the Triton kernels are tested against.
     """
     if HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
-        if md.is_decode:
+        decodes = md.num_leading_single_tokens
+        if not md.is_decode:
+            _write_cache(layer, md, k, v)  # the decode kernel rewrites its tokens' slots with the same values
+        if decodes:
+            rows, seq_lens = md.rows_tensor, md.seq_lens_tensor
+            if not md.is_decode:
+                rows, seq_lens = rows[:decodes], seq_lens[:decodes]
             triton_kernels.decode_attention(
-                q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out,
+                q, k, v, layer.kv_cache, rows, seq_lens, out,
                 layer.scale, layer.sliding_window, layer.logits_soft_cap,
-            )
-        else:
-            _write_cache(layer, md, k, v)
+            )  # fmt: skip
+        if not md.is_decode:
             triton_kernels.prefill_attention(
-                q, layer.kv_cache, md.varlen_tensor(q.device), max(md.query_lens), out,
+                q, layer.kv_cache, md.varlen_tensor(q.device, first=decodes), max(md.query_lens[decodes:]), out,
                 layer.scale, layer.sliding_window, layer.logits_soft_cap,
-            )
+            )  # fmt: skip
         return
     attention_torch(layer, md, q, k, v, out)
 

@@ -100,15 +100,24 @@ class AttentionMetadata:
     def num_actual_tokens(self) -> int:
         return len(self.slot_mapping)
 
-    def varlen_tensor(self, device) -> torch.Tensor:
-        """[4, num_seqs] int64 on ``device``: per sequence its first token's index in the batch, its
-        query length, its length after this step and its cache row (what the variable-length prefill
-        kernel reads). Staged once per step, without waiting for the device, and shared by all layers."""
-        if "varlen" not in self._per_step:
-            starts = [0, *itertools.accumulate(self.query_lens)][:-1]
-            table = int_lists_to_device([[*starts, *self.query_lens, *self.seq_lens, *self.rows]], device)[0]
-            self._per_step["varlen"] = table.view(4, len(self.rows))
-        return self._per_step["varlen"]
+    @property
+    def num_leading_single_tokens(self) -> int:
+        """How many sequences, from the first, add one token each (a continuous-batching step puts its
+        decodes first; a one-token prompt chunk counts too: attention treats it as a decode)."""
+        return next((i for i, q in enumerate(self.query_lens) if q != 1), len(self.query_lens))
+
+    def varlen_tensor(self, device, first: int = 0) -> torch.Tensor:
+        """[4, num_seqs - first] int64 on ``device``: per sequence from ``first`` on, its first token's index
+        in the batch, its query length, its length after this step and its cache row (what the
+        variable-length prefill kernel reads). Staged once per step, without waiting for the device, and
+        shared by all layers."""
+        key = ("varlen", first)
+        if key not in self._per_step:
+            starts = [0, *itertools.accumulate(self.query_lens)][first:-1]
+            columns = [starts, self.query_lens[first:], self.seq_lens[first:], self.rows[first:]]
+            table = int_lists_to_device([[x for column in columns for x in column]], device)[0]
+            self._per_step[key] = table.view(4, len(self.rows) - first)
+        return self._per_step[key]
 
     def decode_mask(self, sliding_window: int | None, device) -> torch.Tensor | None:
         """[B, 1, 1, max(seq_lens)] bool, True where a decode query may attend; None if it may attend all.
