@@ -66,6 +66,12 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert static["num_steps"] == _static_steps(work["output_lens"], 3)
     assert continuous["num_steps"] == _continuous_steps(work["output_lens"], 3)
     assert continuous["num_steps"] < static["num_steps"]  # the drawn lengths leave static rows idle
+    for row in doc["rows"]:  # every step timed once, under its kind
+        assert sum(kind["count"] for kind in row["step_ms"].values()) == row["num_steps"], row["step_ms"]
+        assert all(kind["mean_ms"] > 0 for kind in row["step_ms"].values()), row["step_ms"]
+    # continuous batching starts requests beside decodes; static only into an empty engine, in one step
+    assert "mixed" in continuous["step_ms"] and "mixed" not in static["step_ms"]
+    assert static["step_ms"]["prefill"]["count"] == -(-7 // 3)
     assert continuous["speedup_vs_static"] == pytest.approx(static["elapsed_s"] / continuous["elapsed_s"])
     assert static["speedup_vs_static"] is None
     env = doc["env"]
@@ -75,7 +81,7 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert printed[0].startswith("llama-tiny on cpu") and "7 requests" in printed[0]
     table = [line for line in printed if line.startswith("| eager |")]
     assert [line.split(" | ")[1] for line in table] == ["continuous", "static"]
-    assert table[0].split(" | ")[9] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[9] == "-"
+    assert table[0].split(" | ")[10] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[10] == "-"
 
 
 @pytest.mark.eager

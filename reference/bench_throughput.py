@@ -191,16 +191,24 @@ def table(rows: list[dict]) -> str:
     """The rows as a markdown table: throughput, steps, the speed-up over static batching, token agreement."""
     first = rows[0]["mode"]
     head = ["mode", "scheduling", "start-up s", "elapsed s", "req/s", "output tok/s", "total tok/s", "steps"]
-    head += ["tokens/step", "vs static", f"same tokens as {first} (same scheduling)"]
+    head += ["tokens/step", "decode / mixed / prefill step ms (count)", "vs static"]
+    head += [f"same tokens as {first} (same scheduling)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         speedup = r["speedup_vs_static"]
         cells = [r["mode"], r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
         cells += [f"{r['requests_per_s']:.1f}", f"{r['output_tokens_per_s']:.1f}", f"{r['total_tokens_per_s']:.1f}"]
-        cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}"]
+        cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}", _step_times(r["step_ms"])]
         cells += ["-" if speedup is None else f"{speedup:.2f}x", f"{r['same_tokens_as_first_mode']:.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _step_times(step_ms: dict[str, dict[str, float]]) -> str:
+    kinds = ("decode", "mixed", "prefill")
+    return " / ".join(
+        f"{step_ms[k]['mean_ms']:.2f} ({step_ms[k]['count']})" if k in step_ms else "-" for k in kinds
+    )
 
 
 def header(doc: dict) -> str:
@@ -228,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     "dtype" (the one used), "device"}, "rows": [{"mode", "scheduling", "startup_s" (building the LLM),
     "elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s" (prompt + output),
     "output_tokens" (generated), "num_steps" (model steps run), "tokens_run" (tokens those steps fed the
-    model), "speedup_vs_static" (static's elapsed / continuous's, same mode; null on static rows or without a
+    model), "step_ms" ({kind: {"count", "mean_ms"}} for the kinds ``decode``, ``mixed``, ``prefill`` that
+    ran: :class:`reference.benchmark.throughput._StepClock`), "speedup_vs_static" (static's elapsed / continuous's, same mode; null on static rows or without a
     static row), "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first
     mode's row of the same scheduling: :mod:`reference.benchmark.throughput` says why not across
     schedulings)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch",

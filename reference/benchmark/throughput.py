@@ -190,12 +190,16 @@ def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -
     warmup_params = [SamplingParams(temperature=0, max_tokens=min(p.max_tokens, WARMUP_MAX_TOKENS), ignore_eos=True)
                      for p in params[warmup]]  # fmt: skip
     runner, counts = llm.runner, {"steps": 0, "tokens": 0}
+    clock = _StepClock(llm.device)
 
     def counted_step(new_tokens, context_lens, rows, fed=None):
         counts["steps"] += 1
         host = len(new_tokens) if isinstance(new_tokens, torch.Tensor) else sum(map(len, new_tokens))
+        num_fed = len(new_tokens) if isinstance(new_tokens, torch.Tensor) else 0 if fed is None else len(fed)
         counts["tokens"] += host + (0 if fed is None else len(fed))  # shapes only: no wait for the device
-        return type(runner).step(runner, new_tokens, context_lens, rows, fed=fed)
+        logits = type(runner).step(runner, new_tokens, context_lens, rows, fed=fed)
+        clock.mark("decode" if num_fed == len(rows) else "mixed" if num_fed else "prefill")
+        return logits
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NO_GRAPHS_WARNING, category=RuntimeWarning)
@@ -204,6 +208,7 @@ def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -
         try:
             sync(llm.device)
             start = time.perf_counter()
+            clock.start()
             outputs = llm.generate(workload.prompts, params, use_tqdm=False)
             sync(llm.device)
             elapsed = time.perf_counter() - start
@@ -220,8 +225,44 @@ def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -
         "output_tokens": generated,
         "num_steps": counts["steps"],
         "tokens_run": counts["tokens"],
+        "step_ms": clock.mean_ms(),
     }
     return row, tokens
+
+
+class _StepClock:
+    """Each step's share of the timed run, by kind (``decode``: every sequence fed one token; ``prefill``:
+    prompt tokens only; ``mixed``: both), as a mean in ms.
+
+    On CUDA an event is recorded after each step and a step's time is the gap to the event before, so it is
+    the step's device time while the host keeps ahead of the device (the engine never waits for a step
+    before issuing the next), and includes the device's idle time where the host falls behind. On a CPU a
+    step runs before its call returns, and the host's clock gives the same gaps."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, Any]] = []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self.marks = [("start", self._now())]
+
+    def mark(self, kind: str) -> None:
+        self.marks.append((kind, self._now()))
+
+    def mean_ms(self) -> dict[str, dict[str, float]]:
+        """``{kind: {"count", "mean_ms"}}`` over the marked steps (call after the device is synchronised)."""
+        times: dict[str, list[float]] = {}
+        for (_, before), (kind, after) in zip(self.marks, self.marks[1:]):
+            ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
+            times.setdefault(kind, []).append(ms)
+        return {kind: {"count": len(ms), "mean_ms": sum(ms) / len(ms)} for kind, ms in sorted(times.items())}
 
 
 def _add_speedups(rows: list[dict[str, Any]]) -> None:
