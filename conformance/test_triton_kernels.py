@@ -151,27 +151,29 @@ def test_rotary_kernel_with_per_head_norms_matches_torch_and_the_two_kernels(dty
     "window,softcap", [(None, None), (7, None), (None, 30.0)], ids=["full", "sliding_window", "softcap"]
 )
 @pytest.mark.parametrize("group", [1, 4, 5])
-def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group):
-    """Cache write and attention, with padding rows, non-consecutive cache rows and ragged lengths."""
+@pytest.mark.parametrize("head_size", [64, 256])
+def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group, head_size):
+    """Cache write and attention, with padding rows, non-consecutive cache rows and ragged lengths; head size
+    256 is Gemma 3's (its float32 tiles are four times bf16's at 64)."""
 
     class Layer:
-        num_kv_heads, head_size = 2, 64
+        num_kv_heads = 2
         num_heads = 2 * group
-        scale = 64**-0.5
         sliding_window, logits_soft_cap = window, softcap
 
+    Layer.head_size, Layer.scale = head_size, head_size**-0.5
+
     dtype, _ = dtype_tol
-    layer = Layer()
+    layer, d = Layer(), head_size
     rows, seq_lens, max_len = [3, 0, 5], [1, 37, 150], 160
-    cache = torch.randn(2, 6, max_len, 2, 64, device="cuda", dtype=dtype)
-    width = (layer.num_heads + 4) * 64
-    qkv = torch.randn(8, width, device="cuda", dtype=dtype)  # 3 real tokens + 5 padding rows
-    q, k, v = qkv.split([layer.num_heads * 64, 128, 128], dim=-1)
+    cache = torch.randn(2, 6, max_len, 2, d, device="cuda", dtype=dtype)
+    qkv = torch.randn(8, (layer.num_heads + 4) * d, device="cuda", dtype=dtype)  # 3 real tokens + 5 padding rows
+    q, k, v = qkv.split([layer.num_heads * d, 2 * d, 2 * d], dim=-1)
     md = AttentionMetadata.build([1, 1, 1], seq_lens, rows, max_len, "cuda")
     outs, caches = [], []
     for path in ("triton", "torch"):
         layer.kv_cache = cache.clone()
-        out = torch.full((8, layer.num_heads * 64), float("nan"), device="cuda", dtype=dtype)
+        out = torch.full((8, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
         if path == "triton":
             _tk().decode_attention(
                 q, k, v, layer.kv_cache, md.rows_tensor, md.seq_lens_tensor, out, layer.scale, window, softcap

@@ -290,9 +290,9 @@ def decode_attention(
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         scale, softcap or 0.0, sliding_window or 0,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64 if d <= 128 else 32,
         SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4,
+        num_warps=4 if d <= 128 else 8,
     )
 
 
