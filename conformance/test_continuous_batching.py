@@ -200,12 +200,14 @@ def test_under_random_arrivals_each_request_generates_what_it_generates_alone(en
 
 @pytest.mark.eager
 @pytest.mark.no_inductor
-def test_no_inductor_is_bitwise_equal_to_eager_in_every_step_of_a_continuous_schedule():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_no_inductor_is_bitwise_equal_to_eager_in_every_step_of_a_continuous_schedule(device):
     """The same workload, scheduled alike (3 rows, budget 4: mixed steps of decodes and prompt chunks, rows
-    reused), in eager and ``no_inductor``: every step's logits equal bitwise. ``no_inductor`` captures
-    every token count a step can have (1-4), so no step is padded: padding would run the GEMMs over more
-    rows than eager, which some CPU BLAS round differently (conformance/oracle.py's bitwise rule says why
-    that is held to the fp32 rules instead)."""
+    reused), in eager and ``no_inductor`` (float32): every step's logits equal bitwise. Both run the same
+    custom ops and attention kernels on the same shapes; on CUDA ``no_inductor`` replays its pieces as CUDA
+    graphs of the kernels eager launches. It captures every token count a step can have (1-4), so no step is
+    padded: padding would run the GEMMs over more rows than eager, which some CPU BLAS round differently
+    (conformance/oracle.py's bitwise rule says why that is held to the fp32 rules instead)."""
     sizes = [1, 2, 3, 4]
     runs = {}
     for mode, kwargs in {
@@ -213,7 +215,8 @@ def test_no_inductor_is_bitwise_equal_to_eager_in_every_step_of_a_continuous_sch
         "no_inductor": dict(compilation_config={**MODE_KWARGS["no_inductor"]["compilation_config"],
                                                 "cudagraph_capture_sizes": sizes}),  # fmt: skip
     }.items():
-        llm = LLM("llama-tiny", device="cpu", use_tqdm=False, max_num_seqs=3, max_num_batched_tokens=4, **kwargs)
+        limits = dict(max_num_seqs=3, max_num_batched_tokens=4)
+        llm = LLM("llama-tiny", device=device, dtype="float32", use_tqdm=False, **limits, **kwargs)
         steps = []
         real_step = llm.runner.step
 

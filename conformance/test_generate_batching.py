@@ -16,6 +16,8 @@ from __future__ import annotations
 import pytest
 
 from conformance.helpers import tiny_eager_llm, token_ids
+from reference.benchmark.choices import MODE_KWARGS
+from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.eager]
@@ -67,3 +69,26 @@ def test_chunked_prefill_generates_what_one_step_prefill_generates(budget):
     whole = [o.outputs[0].token_ids for o in _llm(1).generate(prompts, params, use_tqdm=False)]
     chunked = [o.outputs[0].token_ids for o in _llm(1, budget).generate(prompts, params, use_tqdm=False)]
     assert chunked == whole
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "no_inductor", "no_inductor_full"])
+def test_on_cuda_each_request_generates_what_it_generates_alone(mode):
+    """The rule above on CUDA in float32 (cuBLAS keeps float32 GEMMs in float32 unless TF32 is allowed, which
+    torch does not by default), under the schedule with mixed steps, in the modes that replay graphs:
+    piecewise graphs around the decode and prefill kernels, and full graphs for the decode-only steps."""
+    llm = LLM(
+        "llama-tiny",
+        device="cuda",
+        dtype="float32",
+        use_tqdm=False,
+        max_num_seqs=3,
+        max_num_batched_tokens=4,
+        **MODE_KWARGS[mode],
+    )
+    prompts = [token_ids(n, llm.vocab_size, seed=10 + n) for n in PROMPT_LENS]
+    params = [_greedy(m) for m in MAX_TOKENS]
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    alone = [llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    assert [len(t) for t in together] == MAX_TOKENS
+    assert together == alone
