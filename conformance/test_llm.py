@@ -194,6 +194,68 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_and_one_that_
         llm.generate([[1] * 9], greedy(1))
 
 
+@pytest.mark.eager
+@pytest.mark.parametrize(
+    "where, error",
+    [
+        ("model", KeyboardInterrupt),  # Ctrl-C while the model runs
+        ("model", RuntimeError),
+        ("sampler", RuntimeError),  # after the step ran, before its samples are kept
+        ("between steps", KeyboardInterrupt),  # generate's own loop, outside any step
+    ],
+)
+def test_an_exception_inside_generate_aborts_its_requests_and_the_next_call_is_right(where, error, monkeypatch):
+    """A failed or interrupted call leaves the engine empty: the next call runs, and generates what an
+    untouched engine generates (a step that died half-made must not leave a chunk counted as cached or a
+    decode without its token)."""
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2, max_num_batched_tokens=4)
+    prompts, params = ragged_prompts(3, llm.vocab_size), greedy(6, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    calls = collections.Counter()
+
+    def raising(real):
+        def call(*args, **kwargs):
+            calls[where] += 1
+            if calls[where] == 3:
+                raise error("planted")
+            return real(*args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patched:
+        if where == "model":
+            patched.setattr(llm.runner, "step", raising(llm.runner.step))
+        elif where == "sampler":
+            patched.setattr(llm_engine_module, "sample", raising(llm_engine_module.sample))
+        else:
+            patched.setattr(llm.llm_engine, "step", raising(llm.llm_engine.step))
+        with pytest.raises(error, match="planted"):
+            llm.generate(prompts, params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert sorted(llm.llm_engine.scheduler.free_rows) == [0, 1]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+
+
+@pytest.mark.eager
+def test_an_aborted_request_is_never_returned_and_the_others_generate_what_they_generate_alone():
+    """``llm_engine.abort_requests`` on a running request (its row goes to a waiting one) and on a waiting
+    one; unknown and finished ids are ignored."""
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
+    prompts, params = ragged_prompts(4, llm.vocab_size), greedy(5, ignore_eos=True)
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    engine = llm.llm_engine
+    ids = engine.add_requests(prompts, params)
+    outputs = {o.request_id: o for o in engine.step() + engine.step()}
+    engine.abort_requests([ids[0], ids[3], "no-such-id"])  # A runs, D waits
+    assert [r.request_id for r in engine.scheduler.waiting] == [ids[2]]
+    while engine.has_unfinished_requests():
+        outputs.update((o.request_id, o) for o in engine.step())
+    engine.abort_requests([ids[1]])  # finished: nothing happens
+    assert sorted(outputs) == sorted([ids[1], ids[2]])
+    assert [outputs[i].outputs[0].token_ids for i in (ids[1], ids[2])] == [alone[1], alone[2]]
+    assert sorted(engine.scheduler.free_rows) == [0, 1]
+
+
 # ---------------------------------------------------------------------- stopping
 def _first_tokens(llm: LLM, prompt: list[int], n: int) -> list[int]:
     return llm.generate([prompt], greedy(n, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids

@@ -37,10 +37,16 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
         ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
          "max_num_batched_tokens (3) must be >= max_num_seqs (4): a decode step feeds one token per sequence"),
         ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
+        ({"max_num_seqs": 2, "max_model_len": 64, "max_num_batched_tokens": 129},
+         "max_num_batched_tokens (129) exceeds max_num_seqs x max_model_len (2 x 64 = 128): no step can hold more "
+         "tokens than the KV cache; lower it or raise the others"),
     ],
-    ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "fewer-tokens-than-seqs", "tp-size"],
+    ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "fewer-tokens-than-seqs", "tp-size",
+         "more-tokens-than-the-cache"],
 )  # fmt: skip
-def test_a_bad_argument_is_one_line_naming_it(args, message):
+def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):
+    """Refused before the memory check and the weights (a checkpoint's would load first otherwise)."""
+    monkeypatch.setattr(llm_module, "check_memory_before_build", lambda *a, **k: pytest.fail("checked memory"))
     args = {"model": TINY, **args}
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         _llm(args.pop("model"), **args)

@@ -125,6 +125,17 @@ def test_min_tokens_bans_the_eos_ids_in_the_vocabulary_and_the_stop_ids_unless_e
     assert ignoring.banned_early == [5]
 
 
+def test_min_tokens_whose_bans_cover_the_whole_vocabulary_is_refused_and_one_token_short_is_not():
+    """Nothing could be sampled before ``min_tokens``: greedy would pick a banned id anyway (every logit
+    -inf), sampling would divide by zero. One allowed id left is a valid (if odd) request."""
+    everything_but_eos = [t for t in range(VOCAB) if t not in EOS]
+    with pytest.raises(ValueError, match=rf"^sampling_params.min_tokens: 1 bans .* every one of the {VOCAB} token ids"):
+        builder().make([[1]], SamplingParams(min_tokens=1, stop_token_ids=everything_but_eos))
+    assert builder().make([[1]], SamplingParams(min_tokens=1, stop_token_ids=everything_but_eos[1:]))
+    assert builder().make([[1]], SamplingParams(min_tokens=1, ignore_eos=True, stop_token_ids=everything_but_eos))
+    assert builder().make([[1]], SamplingParams(min_tokens=0, stop_token_ids=list(range(VOCAB))))
+
+
 # ---------------------------------------------------------------------- outputs
 def _finished(output: list[int], finish_reason: str) -> Request:
     request = builder().make([[1]], None)[0]

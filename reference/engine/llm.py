@@ -138,6 +138,12 @@ class LLM:
                     f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
                     "a decode step feeds one token per sequence"
                 )
+            if max_num_batched_tokens > max_num_seqs * self.max_model_len:
+                raise ValueError(
+                    f"max_num_batched_tokens ({max_num_batched_tokens}) exceeds max_num_seqs x max_model_len "
+                    f"({max_num_seqs} x {self.max_model_len} = {max_num_seqs * self.max_model_len}): no step can hold "
+                    "more tokens than the KV cache; lower it or raise the others"
+                )
         self.config = arguments.engine_config(
             compilation_config,
             enforce_eager=enforce_eager,
@@ -242,18 +248,27 @@ class LLM:
         Raises:
             ValueError: a prompt is empty, not tokens or text, has a token outside the vocabulary, or with
                 ``max_tokens`` does not fit ``max_model_len``; string prompts without a tokenizer; a stop
-                token outside the vocabulary; the number of sampling params differs from the prompts'.
+                token outside the vocabulary; the number of sampling params differs from the prompts'; a
+                prompt longer than ``max_num_batched_tokens`` without chunked prefill; ``min_tokens`` with
+                EOS and stop tokens that cover the whole vocabulary; ``llm_engine`` holding requests of its own.
+            Anything raised inside a step (an interrupt included): the call's requests are aborted first,
+            so the next call starts from an empty engine.
         """
         if self.llm_engine.has_unfinished_requests():
             raise ValueError(
-                "generate: llm_engine holds unfinished requests from add_requests, whose outputs generate would "
-                "drop; step them to the end (llm_engine.step() while llm_engine.has_unfinished_requests()) first"
+                "generate: llm_engine holds unfinished requests added with llm_engine.add_requests, whose outputs "
+                "generate would drop; step them to the end (llm_engine.step() while "
+                "llm_engine.has_unfinished_requests()) or abort them (llm_engine.abort_requests(ids)) first"
             )
         ids = self.llm_engine.add_requests(prompts, sampling_params)
         done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", disable=True if not use_tqdm else None) as bar:
-            while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
-                    done[output.request_id] = output
-                    bar.update()
+        try:
+            with tqdm(total=len(ids), desc="Processed prompts", disable=True if not use_tqdm else None) as bar:
+                while self.llm_engine.has_unfinished_requests():
+                    for output in self.llm_engine.step():
+                        done[output.request_id] = output
+                        bar.update()
+        except BaseException:  # an interrupt between steps too: the next call starts from an empty engine
+            self.llm_engine.abort_requests(ids)
+            raise
         return [done[i] for i in ids]

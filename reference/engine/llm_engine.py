@@ -73,13 +73,39 @@ class LLMEngine:
         """Requests waiting or running, or a step's tokens not yet read."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
-    @torch.inference_mode()
+    def abort_requests(self, request_ids) -> None:
+        """Drop the unfinished requests among ``request_ids`` (an iterable of ids from :meth:`add_requests`;
+        ids of requests already finished or unknown are ignored, as vLLM's ``abort_request`` ignores them).
+        No :meth:`step` returns them; their rows are free for the next step."""
+        ids = set(request_ids)
+        for r in [*self.scheduler.waiting, *self.scheduler.running]:
+            if r.request_id in ids:
+                r.finish_reason = "abort"  # a token of it still in flight is read and dropped (_append)
+                self.scheduler.abort(r)
+        if not self.scheduler.has_unfinished():
+            self._previous = self._in_flight = None
+
     def step(self) -> list[RequestOutput]:
         """Issue the next step (if a request is left to run) and read the step before it.
 
         Returns:
             The requests that the read tokens finished, as vLLM's ``RequestOutput``.
+
+        Raises:
+            Whatever the model, the sampler or an interrupt (``KeyboardInterrupt``) raises inside the step. The
+            engine's state then no longer matches the KV cache (a chunk may be counted as cached that never
+            ran, a sample may be missing), so every unfinished request is aborted first: the engine is
+            empty, and usable, when the exception reaches the caller.
         """
+        try:
+            return self._step()
+        except BaseException:
+            self.abort_requests([r.request_id for r in [*self.scheduler.waiting, *self.scheduler.running]])
+            self._previous = self._in_flight = None  # what an aborted step left half-made
+            raise
+
+    @torch.inference_mode()
+    def _step(self) -> list[RequestOutput]:
         issued = None
         if self.scheduler.has_unfinished():
             step = self.scheduler.schedule()

@@ -146,6 +146,12 @@ class RequestBuilder:
                 raise ValueError(
                     f"sampling_params.stop_token_ids: {echo(bad_stop)} outside the vocabulary [0, {self.vocab_size})"
                 )
+            eos = set() if p.ignore_eos else {t for t in self.eos_token_ids if t < self.vocab_size}
+            if p.min_tokens > 0 and len(eos | set(p.stop_token_ids)) >= self.vocab_size:
+                raise ValueError(
+                    f"sampling_params.min_tokens: {p.min_tokens} bans EOS and stop_token_ids until then, and they "
+                    f"cover every one of the {self.vocab_size} token ids: nothing could be sampled"
+                )
             checked.append((text, ids, p))
         requests = []  # made once every prompt is valid, so a refused call consumes no ids or seeds
         for text, ids, p in checked:

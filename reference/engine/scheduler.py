@@ -158,6 +158,14 @@ class Scheduler:
         step.chunks.append((r, r.num_cached, take))
         r.num_cached += take
 
+    def abort(self, request: Request) -> None:
+        """Drop ``request``, waiting or running (its row is freed for the next step); one that is neither is
+        left alone."""
+        if any(r is request for r in self.running):
+            self.finish(request)
+        else:
+            self.waiting = collections.deque(r for r in self.waiting if r is not request)
+
     def finish(self, request: Request) -> None:
         """``request`` runs in no later step: free its row for the next one.
 
