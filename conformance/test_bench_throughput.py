@@ -160,12 +160,17 @@ def test_the_cli_offers_the_engines_schedulings():
             ["--max-num-seqs", "2", "--max-model-len", "100", "--max-num-batched-tokens", "201"],
             "--max-num-batched-tokens 201 exceeds --max-num-seqs x --max-model-len (2 x 100 = 200)",
         ),
+        (
+            ["--max-num-batched-tokens", "32", "--no-enable-chunked-prefill"],
+            "--input-len 8:64 with --no-enable-chunked-prefill: a prompt of 64 tokens never fits a step of "
+            "--max-num-batched-tokens 32; raise it or allow chunked prefill",
+        ),
     ],
     ids=[
         "input-len-0", "min-above-max", "not-ints", "output-min-0", "three-parts", "unknown-mode", "no-mode",
         "unknown-scheduling", "no-scheduling", "scheduling-twice", "max-num-seqs-0", "num-prompts-0", "seed",
         "dtype", "model", "empty-output-json", "output-json-is-dir", "budget-below-seqs", "past-positions",
-        "max-model-len-below-requests", "max-model-len-past-positions", "budget-above-cache",
+        "max-model-len-below-requests", "max-model-len-past-positions", "budget-above-cache", "unchunked-too-long",
     ],
 )  # fmt: skip
 def test_a_bad_flag_is_one_line_naming_it_before_any_model_is_built(argv, message, capsys, monkeypatch):
@@ -178,6 +183,36 @@ def test_a_bad_flag_is_one_line_naming_it_before_any_model_is_built(argv, messag
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.eager
+def test_without_chunked_prefill_no_prompt_is_cut_and_the_document_says_so(tmp_path, monkeypatch):
+    """Budget 10 with prompts of 2-9 tokens: chunked prefill cuts a prompt that does not fit what a step has
+    left; without it every prompt runs whole in one step."""
+    chunks = []
+    real_step = throughput.LLM.generate
+
+    def generate(llm, prompts, params, use_tqdm):
+        step = llm.runner.step
+
+        def spy(new_tokens, context_lens, rows, fed=None):
+            skip = 0 if fed is None else len(fed)
+            chunks.extend((len(t), context_lens[skip + i]) for i, t in enumerate(new_tokens))
+            return step(new_tokens, context_lens, rows, fed=fed)
+
+        llm.runner.step = spy
+        try:
+            return real_step(llm, prompts, params, use_tqdm=use_tqdm)
+        finally:
+            llm.runner.step = step
+
+    monkeypatch.setattr(throughput.LLM, "generate", generate)
+    budget = ["--max-num-batched-tokens", "10", "--scheduling", "continuous"]
+    for flag, cut in (("--enable-chunked-prefill", True), ("--no-enable-chunked-prefill", False)):
+        chunks.clear()
+        doc = _run(tmp_path, *budget, flag)
+        assert doc["engine"]["enable_chunked_prefill"] is cut
+        assert any(context > 0 for _, context in chunks) is cut, chunks  # a chunk continuing an earlier one
 
 
 @pytest.mark.eager

@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per sequence (default: MAX of --input-len + MAX of --output-len)",
     )
+    parser.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cut prompts into chunks that fill each step's budget (vLLM's default); --no-enable-chunked-prefill "
+        "runs a prompt only in a step it fits whole (default: on)",
+    )
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
@@ -183,6 +190,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--max-num-batched-tokens {args.max_num_batched_tokens} exceeds --max-num-seqs x --max-model-len "
             f"({args.max_num_seqs} x {args.max_model_len} = {cache_tokens}): no step holds more than the KV cache"
         )
+    budget = cache_tokens if args.max_num_batched_tokens is None else args.max_num_batched_tokens
+    if not args.enable_chunked_prefill and args.input_len[1] > budget:
+        parser.error(
+            f"--input-len {_spelled(args.input_len)} with --no-enable-chunked-prefill: a prompt of {args.input_len[1]} "
+            f"tokens never fits a step of --max-num-batched-tokens {budget}; raise it or allow chunked prefill"
+        )
     args.argv, args.prog = given, PROG
     return args
 
@@ -216,7 +229,7 @@ def header(doc: dict) -> str:
     w, e, env = doc["workload"], doc["engine"], doc["env"]
     device = env["gpu"] or f"cpu ({env['cpu']})"
     line = (
-        f"{doc['model']} on {device}, {e['dtype']}: {w['num_prompts']} requests, input "
+        f"{doc['model']} on {device}, {e['dtype']}: {w['num_prompts']} request{'s' * (w['num_prompts'] != 1)}, input "
         f"{_spelled(w['input_len'])} ({w['prompt_tokens']} tokens), output {_spelled(w['output_len'])} "
         f"({w['output_tokens']} tokens), seed {w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens "
         f"{e['max_num_batched_tokens']}, max_model_len {e['max_model_len']}"

@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": owner.runner.max_num_tokens,
             "max_model_len": owner.max_model_len,
-            "enable_chunked_prefill": True,
+            "enable_chunked_prefill": args.enable_chunked_prefill,
             "dtype": str(owner.dtype).removeprefix("torch."),
             "device": str(owner.device),
         },
@@ -174,7 +174,7 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
-            enable_chunked_prefill=True,
+            enable_chunked_prefill=args.enable_chunked_prefill,
             scheduling=scheduling,
             share_weights_with=owner,
             skip_tokenizer_init=True,  # token-id prompts, ignore_eos: a tokenizer would only be a way to fail
