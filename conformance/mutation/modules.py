@@ -121,6 +121,16 @@ MODULES: dict[str, Module] = {
             "conformance/test_requests.py",
         ),
     ),
+    "engine.scheduler": Module(
+        # continuous batching: which requests run in a step and the loop that issues and reads the steps
+        sources=("reference/engine/scheduler.py", "reference/engine/llm_engine.py"),
+        tests=(
+            "conformance/test_continuous_batching.py",
+            "conformance/test_generate_batching.py",
+            "conformance/test_llm.py",
+            "conformance/test_llm_construction.py",
+        ),
+    ),
     "models.checkpoint": Module(
         sources=("reference/models/loader.py", "reference/models/safetensors_files.py"),
         tests=(
