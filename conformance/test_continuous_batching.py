@@ -130,13 +130,33 @@ def test_finishing_a_request_that_is_not_running_is_an_error():
     "kwargs, message",
     [
         (dict(scheduling="fifo"), r"^scheduling: expected one of \['continuous', 'static'\], got 'fifo'$"),
-        (dict(max_num_batched_tokens=1), r"^max_num_batched_tokens \(1\) must be >= max_num_seqs \(2\)"),
+        (
+            dict(max_num_batched_tokens=1),
+            r"^max_num_batched_tokens \(1\) must be >= max_num_seqs \(2\): every running request decodes one "
+            r"token per step$",
+        ),
     ],
 )
 def test_bad_scheduler_arguments_are_one_line_errors(kwargs, message):
     args = {"max_num_seqs": 2, "max_num_batched_tokens": 4, **kwargs}
     with pytest.raises(ValueError, match=message):
         Scheduler(args.pop("max_num_seqs"), args.pop("max_num_batched_tokens"), **args)
+
+
+def test_by_default_prompts_are_chunked_and_without_chunking_one_past_the_budget_is_refused_at_add():
+    """vLLM's defaults: chunked prefill and continuous batching (a second request joins a running one)."""
+    sched = Scheduler(2, 3)
+    sched.add(_request(0, 5))
+    assert [(start, length) for _, start, length in sched.schedule().chunks] == [(0, 3)]
+    sched.add(_request(1, 1))
+    assert [(start, length) for _, start, length in sched.schedule().chunks] == [(3, 2), (0, 1)]
+    unchunked = Scheduler(2, 3, enable_chunked_prefill=False)
+    unchunked.add(_request(2, 3))
+    with pytest.raises(ValueError, match=r"^request 3: its prompt \(4 tokens\) exceeds max_num_batched_tokens \(3\) "
+                       r"and enable_chunked_prefill is False: it can never run; enable chunked prefill or raise "
+                       r"max_num_batched_tokens$"):  # fmt: skip
+        unchunked.add(_request(3, 4))
+    assert [r.request_id for r in unchunked.waiting] == ["2"]
 
 
 # ---------------------------------------------------------------------- the engine, on the model

@@ -256,6 +256,27 @@ def test_an_aborted_request_is_never_returned_and_the_others_generate_what_they_
     assert sorted(engine.scheduler.free_rows) == [0, 1]
 
 
+@pytest.mark.eager
+def test_a_request_aborted_while_its_stop_token_is_in_flight_is_not_returned():
+    """The step that samples a stop token is read one call later; aborted in between, the request must stay
+    aborted when that token is read (beside another request's, which keeps the step's tokens to be read),
+    not finish with it."""
+    llm = make_llm("llama-tiny", "eager")
+    prompt, other = ragged_prompts(2, llm.vocab_size)[::-1]
+    free = _first_tokens(llm, prompt, 4)
+    assert free[1] != free[0], "the stop token must first come at the second position: pick another prompt"
+    engine = llm.llm_engine
+    request_id, other_id = engine.add_requests(
+        [prompt, other], [greedy(4, stop_token_ids=[free[1]], ignore_eos=True), greedy(6, ignore_eos=True)]
+    )
+    assert engine.step() == [] and engine.step() == []  # the prefill, then the decode that samples free[1]
+    engine.abort_requests([request_id])
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [o.request_id for o in outputs] == [other_id]
+
+
 # ---------------------------------------------------------------------- stopping
 def _first_tokens(llm: LLM, prompt: list[int], n: int) -> list[int]:
     return llm.generate([prompt], greedy(n, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids

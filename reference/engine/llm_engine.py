@@ -41,8 +41,8 @@ class LLMEngine:
         runner: ModelRunner,
         requests: RequestBuilder,
         *,
-        enable_chunked_prefill: bool = True,
-        scheduling: str = "continuous",
+        enable_chunked_prefill: bool,
+        scheduling: str,
     ):
         self.runner, self.requests = runner, requests
         self.scheduler = Scheduler(
@@ -100,8 +100,8 @@ class LLMEngine:
         try:
             return self._step()
         except BaseException:
+            # the engine is then empty, so abort_requests also drops what the step left half-made
             self.abort_requests([r.request_id for r in [*self.scheduler.waiting, *self.scheduler.running]])
-            self._previous = self._in_flight = None  # what an aborted step left half-made
             raise
 
     @torch.inference_mode()
