@@ -47,15 +47,18 @@ def _greedy(max_tokens):
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
-def test_each_request_generates_what_it_generates_alone(schedule):
-    llm = _llm(*schedule)
+def _assert_each_request_generates_what_it_generates_alone(llm: LLM) -> None:
     prompts = [token_ids(n, llm.vocab_size, seed=10 + n) for n in PROMPT_LENS]
     params = [_greedy(m) for m in MAX_TOKENS]
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     alone = [llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
     assert [len(t) for t in together] == MAX_TOKENS
     assert together == alone
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_each_request_generates_what_it_generates_alone(schedule):
+    _assert_each_request_generates_what_it_generates_alone(_llm(*schedule))
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5])
@@ -86,9 +89,4 @@ def test_on_cuda_each_request_generates_what_it_generates_alone(mode):
         max_num_batched_tokens=4,
         **MODE_KWARGS[mode],
     )
-    prompts = [token_ids(n, llm.vocab_size, seed=10 + n) for n in PROMPT_LENS]
-    params = [_greedy(m) for m in MAX_TOKENS]
-    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    alone = [llm.generate([p], [sp], use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
-    assert [len(t) for t in together] == MAX_TOKENS
-    assert together == alone
+    _assert_each_request_generates_what_it_generates_alone(llm)
