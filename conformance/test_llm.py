@@ -176,7 +176,7 @@ def test_static_scheduling_admits_a_batch_only_when_the_last_has_finished():
 
 @pytest.mark.eager
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_and_one_that_never_fits_is_refused():
-    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=4, max_num_batched_tokens=9, enable_chunked_prefill=False)
     steps = []
     step = llm.runner.step
 
@@ -187,11 +187,12 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_and_one_that_
     llm.runner.step = spy
     prompts = ragged_prompts(3, llm.vocab_size)  # 1, 7, 3 tokens
     llm.generate(prompts, greedy(2, ignore_eos=True), use_tqdm=False)
-    # A and B fill 8; C waits whole: the next step has 2 decodes and room for its 3 tokens
+    # A and B take 8 of 9; C waits whole (chunked prefill would start it with 1 token): the next step has 2
+    # decodes and room for its 3 tokens
     assert steps[:2] == [[1, 7], [3]]
-    with pytest.raises(ValueError, match=r"^prompts\[0\]: prompt \(9 tokens\) exceeds max_num_batched_tokens \(8\) "
+    with pytest.raises(ValueError, match=r"^prompts\[0\]: prompt \(10 tokens\) exceeds max_num_batched_tokens \(9\) "
                        r"with enable_chunked_prefill=False"):  # fmt: skip
-        llm.generate([[1] * 9], greedy(1))
+        llm.generate([[1] * 10], greedy(1))
 
 
 @pytest.mark.eager
