@@ -50,7 +50,7 @@ def test_a_fault_plants_and_removes_its_patches(fault):
 @pytest.fixture(scope="module")
 def cpu_selection() -> dict[str, list[str]]:
     """fault id -> the node ids its -k selects on cpu (one collection; each fault's run collects their files)."""
-    return selected_tests(CPU_FAULTS, "cpu")
+    return selected_tests(CPU_FAULTS, "cpu").tests
 
 
 @pytest.mark.slow
@@ -101,6 +101,29 @@ def test_list_prints_only_the_faults_only_names(capsys):
     ids = [f.id for f in CPU_FAULTS[:2]]
     assert faults_main(["--list", "--only", ",".join(reversed(ids))]) == 0
     assert capsys.readouterr().out.split() == ids  # the catalogue's order
+
+
+def test_the_cli_starts_launching_faults_then_those_with_a_long_test_then_the_rest(monkeypatch, capsys):
+    """Longest first: a long run started in the last round would run on alone after every other fault."""
+    from conformance.faults import __main__ as cli
+
+    quick, long_one = [f for f in CPU_FAULTS if f.kind != "parallel"][:2]
+    launch = next(f for f in CPU_FAULTS if f.kind == "parallel")
+    selection = run.Selection({f.id: [f"conformance/test_{f.id}.py::t"] for f in (quick, long_one, launch)},
+                              frozenset({f"conformance/test_{long_one.id}.py::t"}))  # fmt: skip
+    started = []
+    monkeypatch.setattr(cli, "selected_tests", lambda faults, device: selection)
+    monkeypatch.setattr(cli, "run_fault", lambda fault, *args: started.append(fault.id) or ("t", ""))
+    assert cli.main(["--jobs", "1", "--only", ",".join(f.id for f in (quick, long_one, launch))]) == 0
+    assert started == [launch.id, long_one.id, quick.id]
+    assert capsys.readouterr().out.splitlines()[-1] == "3 caught, 0 survived"
+
+
+def test_the_selection_marks_inductor_compiling_tests_long():
+    selection = selected_tests([f for f in CPU_FAULTS if f.id == "cache-key-ignores-compile-sizes"], "cpu")
+    (nodes,) = selection.tests.values()
+    assert nodes and selection.long == frozenset(nodes)  # its tests compile with Inductor
+    assert not selected_tests([f for f in CPU_FAULTS if f.id == "rope-adjacent-pairs"], "cpu").long
 
 
 def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch):

@@ -51,16 +51,19 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
-    # The parallel faults' tests start torchrun processes and take 3-5x as long as the others (65-71 s against
-    # 12-20 s on the H200): started first, they run beside the rest instead of after them.
+    # Longest first, so that no long run starts in the last round and runs on alone (the makespan of a list
+    # schedule): the parallel faults' tests start torchrun processes (30 s a fault on the H200, 2026-12-04),
+    # then faults that select an Inductor-compiling or slow-marked test (37-47 s), then the rest (12-16 s).
     selection = selected_tests(faults, args.device)  # one collection; each fault's run collects only its files
-    shared = sorted((f for f in faults if not f.alone), key=lambda f: f.kind != "parallel")
+    shared = sorted(
+        (f for f in faults if not f.alone), key=lambda f: (f.kind != "parallel", not selection.is_long(f.id))
+    )
     alone = [f for f in faults if f.alone]
     survived = 0
 
     def timed(fault, jobs):
         start = time.perf_counter()
-        return (*run_fault(fault, args.device, jobs, selection[fault.id]), time.perf_counter() - start)
+        return (*run_fault(fault, args.device, jobs, selection.tests[fault.id]), time.perf_counter() - start)
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = zip(shared, pool.map(lambda f: timed(f, args.jobs), shared))

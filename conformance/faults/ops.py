@@ -20,7 +20,7 @@ import torch
 from conformance.faults.fault import Fault, patches
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
-from reference.ops import attention, layernorm, rotary
+from reference.ops import attention, attention_metadata, layernorm, rotary
 from reference.ops.attention_metadata import AttentionMetadata
 from reference.ops.library import HAS_TRITON, TRITON_DTYPES
 
@@ -206,9 +206,9 @@ def _rotate_adjacent_pairs(positions, x, cos_sin_cache, head_size):
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).flatten(-2)
 
 
-def _every_single_token_sequence(self) -> int:
+def _every_single_token_sequence(query_lens: list[int]) -> int:
     """Counts every one-token sequence of the step, not only the leading run of them."""
-    return sum(q == 1 for q in self.query_lens)
+    return sum(q == 1 for q in query_lens)
 
 
 FAULTS = [
@@ -236,7 +236,7 @@ FAULTS = [
         description="a mixed step sends as many of its first sequences to the decode kernel as it has one-token "
         "sequences anywhere, so a prompt chunk first in the step is attended as if it were one decode token",
         plant=patches(
-            mock.patch.object(AttentionMetadata, "num_leading_single_tokens", property(_every_single_token_sequence))
+            mock.patch.object(attention_metadata, "count_leading_single_tokens", _every_single_token_sequence)
         ),
         tests="test_prefill_attention_kernel_matches_torch_path",
         device="cuda",

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 from xml.etree import ElementTree
 
 from conformance import cores
@@ -140,8 +140,24 @@ def _first_failure(junit: Path) -> tuple[str | None, str | None]:
     return failed, errored
 
 
-def selected_tests(faults: list[Fault], device: str) -> dict[str, list[str]]:
-    """fault id -> the node ids its ``tests`` expression selects on ``device``, from one collection."""
+class Selection(NamedTuple):
+    """What :func:`selected_tests` found in one collection.
+
+    Attributes:
+        tests: fault id -> the node ids its ``tests`` expression selects.
+        long: the node ids among those that carry a marker of a long test (``selection_plugin.LONG_MARKERS``).
+    """
+
+    tests: dict[str, list[str]]
+    long: frozenset[str]
+
+    def is_long(self, fault_id: str) -> bool:
+        """Whether any test the fault ``fault_id`` selects is a long one."""
+        return any(node in self.long for node in self.tests[fault_id])
+
+
+def selected_tests(faults: list[Fault], device: str) -> Selection:
+    """The node ids each fault's ``tests`` expression selects on ``device``, from one collection."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "selected.json"
         env = {**_environment(device, 1), "FAULT_SELECTION_OUT": str(out)}
@@ -150,4 +166,5 @@ def selected_tests(faults: list[Fault], device: str) -> dict[str, list[str]]:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"collection failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
-        return json.loads(out.read_text())
+        found = json.loads(out.read_text())
+        return Selection(found["selected"], frozenset(found["long"]))
