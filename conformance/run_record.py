@@ -16,7 +16,8 @@ Every step runs even when an earlier one failed (a GPU run is too dear to stop a
 the exit status is 1 if any step failed. Each step prints its wall time as it ends, and the record
 (``--record PATH``, JSON) holds the commit, the device, torch, the CPU count, and per step the command,
 its seconds, its exit status and its counts (tests passed / failed / errors / skipped, or faults caught /
-survived). Arguments after ``--`` go to the two pytest runs of the suite (``tox -e gpu -- -k attention``).
+survived); a pytest step also has the sum of its tests' seconds and its five slowest tests. Arguments
+after ``--`` go to the two pytest runs of the suite (``tox -e gpu -- -k attention``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,24 @@ def _pytest_counts(junit: Path) -> dict[str, int]:
     return counts
 
 
+def _pytest_times(junit: Path, slowest: int = 5) -> tuple[float, list[list]]:
+    """(the sum of every test's seconds, the ``slowest`` tests as [node id, seconds], longest first) of a JUnit
+    XML report. Over several workers the sum against workers x wall time says how busy they were."""
+    cases = [] if not junit.exists() else list(ElementTree.parse(junit).getroot().iter("testcase"))
+    times = [(f"{c.get('classname', '').replace('.', '/')}.py::{c.get('name')}", float(c.get("time", 0)))
+             for c in cases]  # fmt: skip
+    times.sort(key=lambda t: -t[1])
+    return round(sum(t for _, t in times), 1), [[node, round(t, 1)] for node, t in times[:slowest]]
+
+
 def _stages(device: str, scratch: Path, pytest_args: list[str]) -> list[list[tuple[str, list[str]]]]:
     """The steps for ``device`` (``cuda`` or ``cpu``), as (name, command), in stages: the steps of a stage run
     at once, stages one after another."""
     cpus = os.cpu_count() or 1
-    workers = str(max(2, min(8, cpus // 2)))
+    # Three workers for four cores, at most 12: a worker waiting on a subprocess it started (the peer's shards,
+    # torchrun's launches, the CLIs' runs) leaves its cores idle; under 8 workers on the H200's 16 the step used
+    # 55-70% of the CPU (perf/NOTES.md v16)
+    workers = str(max(2, min(12, cpus * 3 // 4)))
     jobs = str(max(1, cpus - 2))
     return [
         [("suite", [*PYTEST, "conformance", "-m", "not faults and not device_memory", "-n", workers,
@@ -135,6 +149,7 @@ def _pass_through(proc: subprocess.Popen, prefix: str, printing: threading.Lock,
             entry["faults"] = {"caught": int(totals[1]), "survived": int(totals[2])} if totals else None
         else:
             entry["tests"] = _pytest_counts(scratch / f"{name}.xml")
+            entry["test_seconds"], entry["slowest"] = _pytest_times(scratch / f"{name}.xml")
     except (OSError, ElementTree.ParseError) as err:
         entry["error"] = f"cannot read its counts: {err}"
     with printing:

@@ -51,6 +51,9 @@ def test_the_record_holds_every_steps_exit_status_and_counts_and_a_red_step_does
     suite, faults = record["steps"]
     assert suite["exit"] == 1 and suite["tests"] == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1}
     assert "-p no:randomly" in suite["command"]  # what follows -- goes to the pytest steps
+    names = sorted(node.rpartition("::")[2] for node, _ in suite["slowest"])
+    assert names == ["test_fails", "test_passes", "test_skipped"]
+    assert suite["test_seconds"] == pytest.approx(sum(seconds for _, seconds in suite["slowest"]), abs=0.2)
     assert faults["exit"] == 0 and faults["faults"] == {"caught": 5, "survived": 1}
     assert record["ok"] is False and record["torch"] and record["total_seconds"] >= 0
     # REFERENCE_COMMIT wins over what git says: a copied tree may carry a stale .git of another commit
