@@ -33,6 +33,9 @@ class AttentionMetadata:
         rows_tensor: [like seq_lens_tensor] int64 on the device (padding entries hold row 0).
         is_decode: every sequence adds exactly one token.
         rows_index: ``rows`` as a slice when they are consecutive (cache views instead of gathers).
+        num_leading_single_tokens: how many sequences, from the first, add one token each (a
+            continuous-batching step puts its decodes first; a one-token prompt chunk counts too: attention
+            treats it as a decode). Counted once per step: every layer's attention call reads it.
     """
 
     query_lens: list[int]
@@ -43,6 +46,7 @@ class AttentionMetadata:
     rows_tensor: torch.Tensor
     is_decode: bool
     rows_index: slice | list[int]
+    num_leading_single_tokens: int
     _per_step: dict = field(default_factory=dict, repr=False)  # device tensors built once, shared by all layers
 
     @staticmethod
@@ -74,17 +78,19 @@ class AttentionMetadata:
     ) -> "AttentionMetadata":
         """Metadata from host lists and their device tensors, staged by the caller (the runner stages
         them with the step's token ids in one copy; see :func:`int_lists_to_device`)."""
-        rows = list(rows)
+        rows, query_lens = list(rows), list(query_lens)
         consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+        leading = count_leading_single_tokens(query_lens)
         return cls(
-            query_lens=list(query_lens),
+            query_lens=query_lens,
             seq_lens=list(seq_lens),
             rows=rows,
             slot_mapping=slot_mapping,
             seq_lens_tensor=seq_lens_tensor,
             rows_tensor=rows_tensor,
-            is_decode=all(q == 1 for q in query_lens),
+            is_decode=leading == len(query_lens),
             rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
+            num_leading_single_tokens=leading,
         )
 
     @classmethod
@@ -99,12 +105,6 @@ class AttentionMetadata:
     @property
     def num_actual_tokens(self) -> int:
         return len(self.slot_mapping)
-
-    @property
-    def num_leading_single_tokens(self) -> int:
-        """How many sequences, from the first, add one token each (a continuous-batching step puts its
-        decodes first; a one-token prompt chunk counts too: attention treats it as a decode)."""
-        return next((i for i, q in enumerate(self.query_lens) if q != 1), len(self.query_lens))
 
     def varlen_tensor(self, device, first: int = 0) -> torch.Tensor:
         """[4, num_seqs - first] int64 on ``device``: per sequence from ``first`` on, its first token's index
@@ -138,6 +138,11 @@ class AttentionMetadata:
                 mask = mask[:, None, None, :]
             self._per_step[key] = mask
         return self._per_step[key]
+
+
+def count_leading_single_tokens(query_lens: list[int]) -> int:
+    """How many of ``query_lens``, from the first, are 1 (the sequences attention treats as decodes)."""
+    return next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
 
 
 def int_lists_to_device(lists: list[list[int]], device) -> list[torch.Tensor]:
