@@ -14,17 +14,12 @@ from reference.config.parsing import echo
 
 pytestmark = pytest.mark.requires("components")
 
-FULL = (
-    "cudagraph_mode='full' would capture prefill and mixed steps too, but this project's attention runs inside a "
-    "graph only for uniform decode steps; use 'full_and_piecewise' (vLLM's default) or 'full_decode_only'"
-)
 SPLITTING_AT_LEVEL_2 = (
     "splitting_ops only apply at level=3 (piecewise) or to breakable graphs (level=0 with cudagraph_mode "
     "'piecewise' or 'full_and_piecewise'), got level=2, cudagraph_mode='none'; remove splitting_ops or use one of those"
 )
 # (keywords of CompilationConfig, the whole error line)
 REFUSED = {
-    "full": ({"cudagraph_mode": "full"}, FULL),
     "piecewise_at_level_2": (
         {"level": 2, "cudagraph_mode": "piecewise"},
         "cudagraph_mode='piecewise' needs level=3 (the piecewise backend) or level=0 (breakable graphs of the eager "

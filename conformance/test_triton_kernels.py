@@ -236,3 +236,56 @@ def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap,
     torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
     assert outs[0][n:].isnan().all(), "padding rows must not be written"
     torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(dtype))
+
+
+@pytest.mark.parametrize(
+    "window,softcap", [(None, None), (7, None), (20, 30.0)], ids=["full", "sliding_window", "window_and_softcap"]
+)
+@pytest.mark.parametrize("group", [1, 4, 5])
+@pytest.mark.parametrize("head_size", [64, 256])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # a mixed step: decodes first, a prompt longer than a query block, a chunk after cached context, a
+        # one-token sequence between prompts, a short prompt
+        ([1, 1, 70, 9, 1, 3], [100, 20, 0, 40, 7, 0], [5, 2, 3, 0, 7, 1]),
+        ([1, 1, 1], [100, 0, 33], [4, 6, 0]),  # a uniform decode step, which 'full' also serves
+    ],
+    ids=["mixed", "decodes"],
+)
+def test_graph_attention_kernels_match_torch_path(dtype_tol, window, softcap, group, head_size, layout):
+    """What a full graph of any step runs (``cudagraph_mode='full'``): the cache write and the attention that
+    read the static ``GraphTables``, padded past the step's tokens and sequences as a graph's key pads them
+    (here 5 padding rows and 3 padding entries), against the torch path; padding rows must not be written."""
+    from reference.ops.attention_metadata import GraphTables
+
+    class Layer:
+        num_kv_heads = 2
+        num_heads = 2 * group
+        scale = head_size**-0.5
+        sliding_window, logits_soft_cap = window, softcap
+
+    dtype, _ = dtype_tol
+    layer, d = Layer(), head_size
+    layer.head_size = d
+    (query_lens, context, rows), max_len = layout, 160
+    seq_lens = [c + q for c, q in zip(context, query_lens)]
+    n, padded, capacity = sum(query_lens), sum(query_lens) + 5, len(rows) + 3
+    cache = torch.randn(2, 8, max_len, 2, d, device="cuda", dtype=dtype)
+    qkv = torch.randn(padded, (layer.num_heads + 4) * d, device="cuda", dtype=dtype)
+    q, k, v = qkv.split([layer.num_heads * d, 2 * d, 2 * d], dim=-1)
+    plain = AttentionMetadata.build(query_lens, seq_lens, rows, max_len, "cuda")
+    flat = GraphTables.host_list(query_lens, seq_lens, rows, plain.slot_mapping.tolist(), padded, capacity)
+    tables = GraphTables.from_flat(torch.tensor(flat, device="cuda"), padded, capacity)
+    graph_md = AttentionMetadata.build(query_lens, seq_lens, rows, max_len, "cuda")
+    graph_md.graph_tables = tables
+    outs, caches = [], []
+    for path, md in (("triton", graph_md), ("torch", plain)):
+        layer.kv_cache = cache.clone()
+        out = torch.full((padded, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
+        (attention.attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
+        outs.append(out)
+        caches.append(layer.kv_cache)
+    torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
+    assert outs[0][n:].isnan().all(), "padding rows must not be written"
+    torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(dtype))

@@ -15,8 +15,10 @@ from reference.compilation.breakable import BreakableCUDAGraphs, _BreakAtSplitti
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.engine.runner import ModelRunner
 from reference.forward_context import BatchDescriptor
+from reference.ops.attention_metadata import AttentionMetadata, GraphTables
 
 _real_dispatch = ModelRunner.dispatch
+_real_from_device = AttentionMetadata.from_device.__func__
 _real_full_capture = FullCUDAGraphs._capture
 _real_breakable_call = BreakableCUDAGraphs.__call__
 
@@ -25,6 +27,19 @@ def _fresh_metadata(self, staged, size):
     """A full step's lengths and rows stay in the step's own staging tensor, so the graph keeps reading the
     tensor of the step it was captured at (freed since, or reused)."""
     return list(staged.view(2, size))
+
+
+def _fresh_graph_tables(self, staged, size):
+    """A step's tables for a full graph of any step stay in the step's own staging tensor, so the graph keeps
+    reading the query offsets, lengths and slots of the step it was captured at."""
+    return GraphTables.from_flat(staged, size, self.graph_capacity(size))
+
+
+def _tables_dropped(cls, *args, graph_tables=None):
+    """The attention declares ALWAYS but never reads the graph tables: a full graph of a mixed step records the
+    host-sized decode and prefill launches of its capture step (torchtitan #3668's kind of bug: a level
+    inherited, not honoured)."""
+    return _real_from_device(cls, *args)
 
 
 def _every_small_step_is_decode(self, num_tokens, uniform_decode):
@@ -64,6 +79,25 @@ FAULTS = [
         "runner's static buffer, so every replay attends with the lengths and rows of the capture step",
         plant=patches(mock.patch.object(ModelRunner, "_into_static_metadata", _fresh_metadata)),
         tests="test_full_decode_at_a_capture_size_is_bitwise and cuda",
+        device="cuda",
+    ),
+    Fault(
+        id="full-graph-replays-stale-query-offsets",
+        kind="runner",
+        description="under cudagraph_mode='full' a step's query offsets, lengths, rows and slots are fresh device "
+        "tensors instead of the runner's static tables, so every replay attends with those of its capture step",
+        plant=patches(mock.patch.object(ModelRunner, "_into_graph_tables", _fresh_graph_tables)),
+        tests="test_every_kind_of_step_replays_its_full_graph_bitwise",
+        device="cuda",
+    ),
+    Fault(
+        id="declared-level-not-honoured",
+        kind="attention",
+        description="the attention declares it serves every step inside a full graph (ALWAYS), but its metadata "
+        "never carries the static tables, so a mixed step's graph records launches sized and addressed for its "
+        "capture step",
+        plant=patches(mock.patch.object(AttentionMetadata, "from_device", classmethod(_tables_dropped))),
+        tests="test_every_kind_of_step_replays_its_full_graph_bitwise",
         device="cuda",
     ),
     Fault(

@@ -42,9 +42,9 @@ LEVELS = {
     3: "piecewise: one trace, split at splitting ops, pieces compiled and captured as CUDA graphs",
 }
 # vLLM's CUDAGraphMode names, in lower case (vLLM's capitals are read as these, see vllm_names).
-CUDAGRAPH_MODES = ("none", "piecewise", "full_decode_only", "full_and_piecewise")
+CUDAGRAPH_MODES = ("none", "piecewise", "full_decode_only", "full_and_piecewise", "full")
 PIECEWISE_GRAPH_MODES = ("piecewise", "full_and_piecewise")
-FULL_GRAPH_MODES = ("full_decode_only", "full_and_piecewise")
+FULL_GRAPH_MODES = ("full_decode_only", "full_and_piecewise", "full")
 # vLLM's largest default capture size (tokens).
 DEFAULT_MAX_CAPTURE_SIZE = 512
 # Largest allowed capture size (tokens): far above any single-GPU step; the bound only stops a typo from
@@ -100,9 +100,15 @@ class CompilationConfig:
       - ``'full_and_piecewise'``: full graphs for uniform decode steps, piecewise for the rest (vLLM's
         current default). Level 3 or level 0 (breakable pieces).
 
-      vLLM's ``'FULL'`` (full graphs for prefill and mixed steps too) is refused: this project's
-      attention runs inside a graph only for uniform decode steps (its prefill path reads host lengths),
-      and vLLM too falls back to one of the two above for such attention backends, with only a log line.
+      - ``'full'``: every step of a capture size, prefill, mixed and decode alike, replays one graph of
+        the whole forward, one graph per size (vLLM's ``FULL``); attention inside it reads every per-step
+        value from static tables. Steps above the largest capture size run without graphs. Any level.
+
+      The full modes need an attention that declares it can serve such steps inside a graph
+      (:class:`~reference.ops.attention.AttentionCGSupport`); where it does not (CUDA in a dtype without
+      the Triton kernels), the runner downgrades the mode with one warning line, as vLLM does:
+      ``'full'`` to ``'full_and_piecewise'`` for an attention that serves decodes only, and any full
+      mode to ``'piecewise'`` (levels 0 and 3) or ``'none'`` for one that serves none.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
       counts that get a CUDA graph; deduplicated and sorted. Full decode graphs are captured at the sizes
       a decode step can have (at most the runner's ``max_num_seqs``).
@@ -173,12 +179,6 @@ class CompilationConfig:
             _validate_splitting_op_names(self.splitting_ops)
         if self.cudagraph_mode is None:
             set_(self, "cudagraph_mode", "piecewise" if self.level == 3 else "none")
-        if self.cudagraph_mode == "full":
-            raise ConfigError(
-                "cudagraph_mode='full' would capture prefill and mixed steps too, but this project's attention "
-                "runs inside a graph only for uniform decode steps; use 'full_and_piecewise' (vLLM's default) "
-                "or 'full_decode_only'"
-            )
         check_choice("cudagraph_mode", self.cudagraph_mode, CUDAGRAPH_MODES)
         check_int("cudagraph_num_of_warmups", self.cudagraph_num_of_warmups, minimum=0)
         self._resolve_capture_sizes()
@@ -282,8 +282,13 @@ class CompilationConfig:
 
     @property
     def full_graphs(self) -> bool:
-        """True when uniform decode steps replay one graph of the whole forward."""
+        """True when some steps (uniform decode steps at least) replay one graph of the whole forward."""
         return self.cudagraph_mode in FULL_GRAPH_MODES
+
+    @property
+    def full_graphs_of_every_step(self) -> bool:
+        """True when prefill and mixed steps replay full graphs too (``cudagraph_mode='full'``)."""
+        return self.cudagraph_mode == "full"
 
     @property
     def breakable(self) -> bool:

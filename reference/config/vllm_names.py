@@ -17,7 +17,7 @@ BACKENDS = {"inductor": True, "eager": False}
 CUDAGRAPH_MODE_NAMES = {
     "NONE": "none",
     "PIECEWISE": "piecewise",
-    "FULL": "full",  # refused by CompilationConfig, with the reason
+    "FULL": "full",
     "FULL_DECODE_ONLY": "full_decode_only",
     "FULL_AND_PIECEWISE": "full_and_piecewise",
 }

@@ -6,8 +6,10 @@ The runner is the only caller of the compiled model, and it keeps the promises C
   never change between capture and replay.
 * Dispatch (vLLM's ``CudagraphDispatcher``): a uniform decode step (one new token per sequence) of at
   most the largest full size replays a full graph (``cudagraph_mode`` ``'full_decode_only'`` or
-  ``'full_and_piecewise'``); other steps of at most the largest capture size replay piecewise graphs
-  (``'piecewise'``, ``'full_and_piecewise'``); the rest run without graphs. The forward context carries the
+  ``'full_and_piecewise'``); with ``'full'`` every step of at most the largest capture size does, one
+  graph per size whatever the step's kind; other steps of at most the largest capture size replay
+  piecewise graphs (``'piecewise'``, ``'full_and_piecewise'``); the rest run without graphs. A full mode
+  the attention cannot serve on this device and dtype is lowered first, with one warning line. The forward context carries the
   choice (``cudagraph_runtime_mode``) and the full graph's key (``batch_descriptor``); ``last_dispatch``
   and ``dispatch_counts`` record it per step.
 * A step of ``n`` tokens runs at the smallest size ``T >= n`` of its kind (padding rows ``n..T`` hold stale
@@ -17,7 +19,8 @@ The runner is the only caller of the compiled model, and it keeps the promises C
   shows only on CUDA: the CPU's torch attention reads the real sequences' entries alone).
 * A full graph replays attention too, so its metadata cannot be fresh tensors: each sequence's length and
   cache row are copied into one static buffer, padded with length 0 (attention skips such rows), before
-  every full-graph step.
+  every full-graph step; under ``'full'``, each token's cache slot and each sequence's query offsets too
+  (:class:`~reference.ops.attention_metadata.GraphTables`).
 * The model's output aliases graph memory; ``step`` computes the logits from it (a fresh tensor) before
   the next step can overwrite it, after gathering each sequence's last row when a sequence has several
   new tokens (a decode step's rows are all last rows and are read in place).
@@ -44,8 +47,8 @@ from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_b
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
-from reference.ops.attention_metadata import int_lists_to_device
-from reference.ops.library import HAS_TRITON, TRITON_DTYPES
+from reference.ops.attention import AttentionCGSupport, cudagraph_support
+from reference.ops.attention_metadata import GraphTables, int_lists_to_device
 
 
 @dataclass
@@ -124,7 +127,8 @@ class ModelRunner:
 
     Attributes:
         capture_sizes: the piecewise sizes (capture sizes up to ``max_num_batched_tokens``).
-        full_sizes: the full-graph sizes (capture sizes up to ``max_num_seqs``: a decode step's tokens).
+        full_sizes: the full-graph sizes: capture sizes up to ``max_num_seqs`` (a decode step's tokens), or
+            under ``'full'`` up to ``max_num_batched_tokens``.
         piecewise_warm_up_sizes: the piecewise sizes ``warm_up`` captures (size 1 is left out when full
             graphs serve it: a 1-token step is always a uniform decode).
         last_dispatch: the last step's :class:`StepDispatch`; ``dispatch_counts``: steps per runtime mode,
@@ -135,9 +139,14 @@ class ModelRunner:
             ``max_position_embeddings``, ``max_num_batched_tokens`` exceeds ``max_num_seqs x
             max_model_len``, or the KV cache and input buffers exceed the device's free memory (the
             machine's physical memory on a CPU).
-        ConfigError: no capture size fits the steps (piecewise: at most ``max_num_batched_tokens``; full:
-            at most ``max_num_seqs``), full graphs on CUDA for a dtype without the Triton decode kernel
-            (the torch path reads host lengths a graph would freeze), or a compile size no step runs at.
+        ConfigError: no capture size fits the steps (piecewise and ``'full'``: at most
+            ``max_num_batched_tokens``; full decode graphs: at most ``max_num_seqs``), or a compile size no
+            step runs at.
+
+    Warns:
+        RuntimeWarning: a full ``cudagraph_mode`` lowered to what the attention serves on this device and
+            dtype (CUDA in float64: the torch path, which reads host lengths a graph would freeze), or
+            capture or compile sizes above ``max_num_batched_tokens``.
     """
 
     def __init__(
@@ -169,7 +178,8 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
-        config = self.config = self._without_compile_sizes_above_the_limit(config)
+        config = self._without_compile_sizes_above_the_limit(config)
+        config = self.config = self._within_attention_support(config)
         if compile_fn is None:  # the reference; inputs are our own static buffers, so no per-call check
             self.compiled = compile_model(model, config, check_inputs=False)
         else:
@@ -202,9 +212,14 @@ class ModelRunner:
                 stacklevel=2,
             )
         self._check_compile_sizes(config)
-        # per-step lengths (row 0) and cache rows (row 1) that full graphs read; padding has length 0
-        self.full_metadata = None
-        if self.full_sizes:
+        # what full graphs read: of a decode step, lengths (row 0) and cache rows (row 1), padding has length
+        # 0; of any step ('full'), the GraphTables of the largest graph, whose views serve every size
+        self.full_metadata = self.graph_tables_buffer = None
+        if self.full_sizes and config.full_graphs_of_every_step:
+            largest = self.full_sizes[-1]
+            self.graph_tables_buffer = torch.zeros(largest + 3 * self.graph_capacity(largest) + 1, dtype=torch.int64,
+                                                   device=self.device)  # fmt: skip
+        elif self.full_sizes:
             self.full_metadata = torch.zeros(2, max_num_seqs, dtype=torch.int64, device=self.device)
         self.startup = StartupStats()
         self.last_dispatch: StepDispatch | None = None
@@ -225,6 +240,29 @@ class ModelRunner:
         )
         return dataclasses.replace(config, compile_sizes=[s for s in config.compile_sizes if s <= self.max_num_tokens])
 
+    def _within_attention_support(self, config: CompilationConfig) -> CompilationConfig:
+        """``config`` with a full ``cudagraph_mode`` lowered to what the attention declares it can serve inside
+        a graph for this device and dtype (:func:`~reference.ops.attention.cudagraph_support`), with one warning
+        line; unchanged when it can. vLLM lowers its modes for its backends the same way."""
+        support = cudagraph_support(self.device, self.dtype)
+        needed = {"full": AttentionCGSupport.ALWAYS, "full_and_piecewise": AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE,
+                  "full_decode_only": AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE}.get(config.cudagraph_mode)  # fmt: skip
+        if needed is None or support >= needed:
+            return config
+        pieces = config.level in (0, 3)  # the levels with piecewise graphs
+        if support >= AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE:  # only 'full' asks more
+            lower = "full_and_piecewise" if pieces else "full_decode_only"
+        else:
+            lower = "piecewise" if pieces and config.cudagraph_mode != "full_decode_only" else "none"
+        warnings.warn(
+            f"cudagraph_mode={config.cudagraph_mode!r} runs as {lower!r}: attention declares {support.name} for "
+            f"{self.dtype} on {self.device.type} (full graphs of {'every step' if needed == 3 else 'decode steps'} "
+            f"need {needed.name})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return dataclasses.replace(config, cudagraph_mode=lower)
+
     def _check_compile_sizes(self, config: CompilationConfig) -> None:
         """Every compile size is a token count some step runs the model at (:func:`compile_sizes_never_run`)."""
         never = compile_sizes_never_run(config, self.max_num_tokens)
@@ -238,19 +276,22 @@ class ModelRunner:
     def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:
         if not config.full_graphs:
             return ()
-        sizes = tuple(s for s in config.cudagraph_capture_sizes if s <= min(self.max_num_seqs, self.max_num_tokens))
+        if config.full_graphs_of_every_step:
+            limit, what = self.max_num_tokens, f"a step (at most max_num_batched_tokens={self.max_num_tokens} tokens)"
+        else:
+            limit = min(self.max_num_seqs, self.max_num_tokens)
+            what = f"a decode step (at most max_num_seqs={self.max_num_seqs} tokens)"
+        sizes = tuple(s for s in config.cudagraph_capture_sizes if s <= limit)
         if not sizes:
             raise ConfigError(
-                f"cudagraph_mode={config.cudagraph_mode!r}: no capture size fits a decode step (at most max_num_seqs="
-                f"{self.max_num_seqs} tokens), so no full graph could be used; add smaller sizes"
-            )
-        if self.device.type == "cuda" and not (HAS_TRITON and self.dtype in TRITON_DTYPES):
-            raise ConfigError(
-                f"cudagraph_mode={config.cudagraph_mode!r}: full graphs need the Triton decode attention "
-                f"({', '.join(str(d) for d in TRITON_DTYPES)} on CUDA), got {self.dtype}; "
-                "use 'piecewise' for this dtype"
+                f"cudagraph_mode={config.cudagraph_mode!r}: no capture size fits {what}, so no full graph could be "
+                "used; add smaller sizes"
             )
         return sizes
+
+    def graph_capacity(self, num_tokens: int) -> int:
+        """The sequences a full graph of any step at ``num_tokens`` tokens holds: as many as can fit."""
+        return min(num_tokens, self.max_num_seqs)
 
     # ------------------------------------------------------------------ one step
     def padded_size(self, num_tokens: int) -> int:
@@ -260,9 +301,11 @@ class ModelRunner:
 
     def dispatch(self, num_tokens: int, uniform_decode: bool) -> StepDispatch:
         """Which graphs a step of ``num_tokens`` tokens replays, and the size it is padded to (module doc)."""
-        if uniform_decode and self.full_sizes and num_tokens <= self.full_sizes[-1]:
+        every_step = self.config.full_graphs_of_every_step
+        if (uniform_decode or every_step) and self.full_sizes and num_tokens <= self.full_sizes[-1]:
             size = self.full_sizes[bisect.bisect_left(self.full_sizes, num_tokens)]
-            return StepDispatch(num_tokens, "FULL", BatchDescriptor(size, True))
+            # 'full': one graph per size serves every kind of step, decodes included (vLLM's FULL)
+            return StepDispatch(num_tokens, "FULL", BatchDescriptor(size, uniform_decode and not every_step))
         mode = "PIECEWISE" if self.capture_sizes and num_tokens <= self.capture_sizes[-1] else "NONE"
         return StepDispatch(num_tokens, mode, BatchDescriptor(self.padded_size(num_tokens), uniform_decode))
 
@@ -354,18 +397,26 @@ class ModelRunner:
         dispatch = self.dispatch(n, uniform_decode)
         size = dispatch.descriptor.num_tokens
         full = dispatch.runtime_mode == "FULL"
-        if full:  # lengths and rows padded to the graph's size, into the static buffer below
+        tables = []
+        if full and not dispatch.descriptor.uniform_decode:  # 'full': the tables of any step, padded
+            tables = [GraphTables.host_list(query_lens, seq_lens, rows, slots, size, self.graph_capacity(size))]
+        if full and dispatch.descriptor.uniform_decode:  # lengths and rows padded to the graph's size
             padding = [0] * (size - len(rows))
             per_seq = [seq_lens + padding + rows + padding]
         else:
             per_seq = [seq_lens, rows]
         # one pinned staging buffer, one non-blocking copy per step
-        slot_mapping, *per_seq_tensors, staged_ids, staged_positions, last_rows_tensor = int_lists_to_device(
-            [slots, *per_seq, ids, positions, last_rows], self.device
-        )
-        if full:
+        staged = int_lists_to_device([slots, *per_seq, ids, positions, last_rows, *tables], self.device)
+        slot_mapping, per_seq_tensors = staged[0], staged[1 : 1 + len(per_seq)]
+        staged_ids, staged_positions, last_rows_tensor = staged[1 + len(per_seq) : 4 + len(per_seq)]
+        graph_tables = None
+        if tables:
+            graph_tables = self._into_graph_tables(staged[-1], size)
+        elif full:
             per_seq_tensors = self._into_static_metadata(per_seq_tensors[0], size)
-        metadata = AttentionMetadata.from_device(query_lens, seq_lens, rows, slot_mapping, *per_seq_tensors)
+        metadata = AttentionMetadata.from_device(
+            query_lens, seq_lens, rows, slot_mapping, *per_seq_tensors, graph_tables=graph_tables
+        )
         if num_fed:
             self.input_ids[:num_fed].copy_(fed)  # device to device
         if num_fed < n:
@@ -381,6 +432,12 @@ class ModelRunner:
         self.last_dispatch = dispatch
         self.dispatch_counts[dispatch.runtime_mode] += 1
         return hidden[:n], None if uniform_decode else last_rows_tensor
+
+    def _into_graph_tables(self, staged: torch.Tensor, size: int) -> GraphTables:
+        """Copy a step's padded tables (``staged``: the flat list of :meth:`GraphTables.host_list`) into the
+        static buffer that the full graph of ``size`` tokens reads; returns the views it reads."""
+        self.graph_tables_buffer[: staged.shape[0]].copy_(staged)
+        return GraphTables.from_flat(self.graph_tables_buffer, size, self.graph_capacity(size))
 
     def _into_static_metadata(self, staged: torch.Tensor, size: int) -> list[torch.Tensor]:
         """Copy a full step's padded lengths and rows (``staged``: [2 * size] int64, lengths first) into the
@@ -427,7 +484,10 @@ class ModelRunner:
             for size in sorted(self.full_sizes, reverse=True):
                 report(f"capture full {size}")
                 for _ in range(self.config.cudagraph_num_of_warmups + 1):
-                    self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
+                    if self.config.full_graphs_of_every_step:
+                        self._dummy_step(size)  # one graph per size serves every kind of step
+                    else:
+                        self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30

@@ -15,6 +15,8 @@ The KV-cache layout and the per-step metadata are in :mod:`reference.ops.attenti
 
 from __future__ import annotations
 
+import enum
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,9 +26,40 @@ from reference.ops.attention_metadata import AttentionMetadata
 from reference.ops.library import HAS_TRITON, TRITON_DTYPES, define_op, register_direct_call
 
 if HAS_TRITON:
-    from reference.ops import triton_kernels
+    from reference.ops import graph_attention_kernels, triton_kernels
 
 ATTENTION_OP = "reference::attention"
+
+
+class AttentionCGSupport(enum.IntEnum):
+    """Which steps this attention can serve inside a full CUDA graph (vLLM's levels of the same name, in
+    the same order: a higher level serves everything a lower one does).
+
+    * ``NEVER``: none; it reads host values per step (the torch path).
+    * ``UNIFORM_SINGLE_TOKEN_DECODE``: steps where every sequence adds one token.
+    * ``UNIFORM_BATCH``: steps where every sequence adds the same number of tokens (vLLM's speculative
+      decoding); no kernel of this project declares it.
+    * ``ALWAYS``: any step, prefill and mixed included.
+    """
+
+    NEVER = 0
+    UNIFORM_SINGLE_TOKEN_DECODE = 1
+    UNIFORM_BATCH = 2
+    ALWAYS = 3
+
+
+def cudagraph_support(device: torch.device, dtype: torch.dtype) -> AttentionCGSupport:
+    """The level this attention declares for activations of ``dtype`` on ``device``.
+
+    On CUDA with Triton, in a Triton dtype: ``ALWAYS`` (a full graph of a decode step runs the decode
+    kernel; of any other step, the kernels of :mod:`reference.ops.graph_attention_kernels`, which read
+    every per-step value from the static :class:`~reference.ops.attention_metadata.GraphTables`). Other
+    dtypes on CUDA run the torch path, which reads host lengths: ``NEVER``. On a CPU nothing is captured;
+    it declares what CUDA would, so that a CPU run dispatches steps as the GPU does (``ALWAYS``).
+    """
+    if device.type != "cuda":
+        return AttentionCGSupport.ALWAYS
+    return AttentionCGSupport.ALWAYS if HAS_TRITON and dtype in TRITON_DTYPES else AttentionCGSupport.NEVER
 
 
 def _causal_mask(query_len: int, seq_len: int, sliding_window: int | None, device) -> torch.Tensor:
@@ -56,7 +89,9 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
     """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
 
-    On CUDA in fp16, bf16 or fp32 a decode step takes one Triton launch (cache write + attention). Any
+    On CUDA in fp16, bf16 or fp32 a step with ``graph_tables`` (a full graph of any step kind) takes two
+    launches sized by the graph's key (cache write, then attention; :mod:`reference.ops.graph_attention_kernels`),
+    and a decode step takes one Triton launch (cache write + attention). Any
     other step (prefill, mixed) writes the cache, then runs its leading one-token sequences (a
     continuous-batching step's decodes) through the decode kernel and the rest through one
     variable-length Triton launch: the prefill kernel gives each query head a program and blocks of 64
@@ -65,6 +100,14 @@ def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> N
     also the reference the Triton kernels are tested against.
     """
     if HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
+        tables = md.graph_tables
+        if tables is not None:  # a full graph of any step: launches sized by the graph's key alone
+            graph_attention_kernels.write_kv_cache(k, v, layer.kv_cache, tables.slots)
+            graph_attention_kernels.varlen_attention(
+                q, layer.kv_cache, tables.cu_query_lens, tables.seq_lens, tables.rows, tables.num_tokens, out,
+                layer.scale, layer.sliding_window, layer.logits_soft_cap,
+            )  # fmt: skip
+            return
         decodes = md.num_leading_single_tokens
         if not md.is_decode:
             _write_cache(layer, md, k, v)  # the decode kernel rewrites its tokens' slots with the same values

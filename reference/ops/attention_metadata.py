@@ -14,6 +14,59 @@ from dataclasses import dataclass, field
 import torch
 
 
+@dataclass(frozen=True)
+class GraphTables:
+    """A full graph's view of any step (prefill, mixed or decode): what attention reads inside it, from
+    static device buffers the runner rewrites before every replay. The shapes depend only on the graph's
+    padded token count ``T`` and its sequence capacity ``S`` (``min(T, max_num_seqs)``), as the grids of the
+    kernels that read them do (:mod:`reference.ops.graph_attention_kernels`).
+
+    Attributes:
+        slots: [T] int64, the cache slot of each token row (``row * max_model_len + position``), -1 for a
+            padding row.
+        cu_query_lens: [S + 1] int64, sequence ``s``'s tokens are rows ``cu[s] .. cu[s + 1] - 1``; padding
+            entries repeat the real token count (no tokens).
+        seq_lens: [S] int64, each sequence's length after the step (0 for padding).
+        rows: [S] int64, each sequence's cache row (0 for padding).
+    """
+
+    slots: torch.Tensor
+    cu_query_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    rows: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slots.shape[0]
+
+    @staticmethod
+    def host_list(
+        query_lens: list[int], seq_lens: list[int], rows: list[int], slots: list[int], num_tokens: int, capacity: int
+    ) -> list[int]:
+        """A step's four tables padded to ``num_tokens`` rows and ``capacity`` sequences, flat in the order
+        :meth:`from_flat` reads: slots, cu_query_lens, seq_lens, rows.
+
+        Raises:
+            ValueError: the step has more tokens or sequences than the graph.
+        """
+        n, padding = len(slots), capacity - len(rows)
+        if n > num_tokens or padding < 0:
+            raise ValueError(
+                f"a step of {n} tokens in {len(rows)} sequences does not fit a graph of {num_tokens} tokens and "
+                f"{capacity} sequences"
+            )
+        cu = [0, *itertools.accumulate(query_lens)]
+        return [*slots, *[-1] * (num_tokens - n), *cu, *[n] * padding, *seq_lens, *[0] * padding, *rows, *[0] * padding]
+
+    @classmethod
+    def from_flat(cls, flat: torch.Tensor, num_tokens: int, capacity: int) -> "GraphTables":
+        """Views of ``flat`` ([T + 3S + 1] int64: slots, cu_query_lens, seq_lens, rows)."""
+        slots, cu, seq_lens, rows = flat[: num_tokens + 3 * capacity + 1].split(
+            [num_tokens, capacity + 1, capacity, capacity]
+        )
+        return cls(slots, cu, seq_lens, rows)
+
+
 @dataclass
 class AttentionMetadata:
     """Where one step's tokens come from and go to. Built by the runner, read by the attention op.
@@ -36,6 +89,9 @@ class AttentionMetadata:
         num_leading_single_tokens: how many sequences, from the first, add one token each (a
             continuous-batching step puts its decodes first; a one-token prompt chunk counts too: attention
             treats it as a decode). Counted once per step: every layer's attention call reads it.
+        graph_tables: for a step that a full graph of any step kind serves (``cudagraph_mode='full'``), the
+            static tables attention reads inside the graph; None otherwise (the host lists and the tensors
+            above serve every other step, and the CPU, where nothing is captured).
     """
 
     query_lens: list[int]
@@ -47,6 +103,7 @@ class AttentionMetadata:
     is_decode: bool
     rows_index: slice | list[int]
     num_leading_single_tokens: int
+    graph_tables: GraphTables | None = None
     _per_step: dict = field(default_factory=dict, repr=False)  # device tensors built once, shared by all layers
 
     @staticmethod
@@ -75,6 +132,7 @@ class AttentionMetadata:
         slot_mapping: torch.Tensor,
         seq_lens_tensor: torch.Tensor,
         rows_tensor: torch.Tensor,
+        graph_tables: GraphTables | None = None,
     ) -> "AttentionMetadata":
         """Metadata from host lists and their device tensors, staged by the caller (the runner stages
         them with the step's token ids in one copy; see :func:`int_lists_to_device`)."""
@@ -91,6 +149,7 @@ class AttentionMetadata:
             is_decode=leading == len(query_lens),
             rows_index=slice(rows[0], rows[0] + len(rows)) if consecutive else rows,
             num_leading_single_tokens=leading,
+            graph_tables=graph_tables,
         )
 
     @classmethod

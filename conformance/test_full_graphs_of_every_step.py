@@ -1,0 +1,146 @@
+"""``cudagraph_mode='full'``: every step of a capture size, prefill, mixed and decode alike, replays one graph
+of the whole forward, and the attention's declared support level decides whether a full mode runs at all.
+
+A full graph freezes every kernel's grid and arguments at capture, so a mixed step is right under it only if
+attention reads each token's cache slot and each sequence's query offsets, length and row from static
+tables the runner rewrites before the replay, and launches grids that depend on the graph's key alone
+(reference/ops/graph_attention_kernels.py). The rules:
+
+* dispatch: under ``'full'`` every step of at most the largest capture size goes to the full graph of the
+  next capture size, whatever its kind, one graph per size (vLLM's FULL); larger steps run without graphs;
+  on a CPU too, where the runner dispatches alike and nothing is captured;
+* support levels (vLLM's ``AttentionCGSupport``): a full mode the attention does not declare it can serve
+  is lowered with one warning line, ``'full'`` to ``'full_and_piecewise'`` for decode-only support, any
+  full mode to ``'piecewise'`` (or ``'none'``) for none; a mode it can serve runs unchanged, silently;
+* on CUDA, a declared level is tested, not trusted: each kind of step (uniform decode, prefill only,
+  mixed) replays its full graph and gives bitwise the logits of the same kernels run without a graph, over
+  a continuous schedule whose offsets, lengths and rows change every step. The kernels themselves are
+  held to the torch path in test_triton_kernels.py (``test_graph_attention_kernels_match_torch_path``).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
+from reference.benchmark.choices import MODE_KWARGS
+from reference.compilation import compilation_counter
+from reference.compilation.cuda_graph import WarmUpCount
+from reference.config import ConfigError
+from reference.engine import runner as runner_module
+from reference.engine.llm import LLM
+from reference.engine.sampling import SamplingParams
+from reference.forward_context import BatchDescriptor
+from reference.ops.attention import AttentionCGSupport
+
+pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor, pytest.mark.no_inductor_full]
+
+
+def _record(runner, new_tokens, context_lens):
+    runner.step(new_tokens, context_lens, list(range(len(new_tokens))))
+    return runner.last_dispatch.runtime_mode, runner.last_dispatch.descriptor
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_sends_every_step_of_a_capture_size_to_the_graph_of_its_padded_size(device, impl):
+    runner = make_runner(impl, "no_inductor", small_llama_config(), device=device, max_num_seqs=4, max_model_len=32,
+                         max_num_batched_tokens=16, cudagraph_mode="full", cudagraph_capture_sizes=[1, 2, 4, 8])  # fmt: skip
+    runner.warm_up()
+    assert runner.full_sizes == (1, 2, 4, 8) and runner.capture_sizes == ()  # past max_num_seqs: steps of any kind
+    assert _record(runner, [[1, 2, 3]], [0]) == ("FULL", BatchDescriptor(4, False))  # a prefill
+    assert _record(runner, [[1], [2], [3]], [3, 5, 1]) == ("FULL", BatchDescriptor(4, False))  # a decode: same graph
+    assert _record(runner, [[1], [2, 3, 4, 5, 6]], [4, 6]) == ("FULL", BatchDescriptor(8, False))  # mixed
+    assert _record(runner, [[1]], [9]) == ("FULL", BatchDescriptor(1, False))
+    assert _record(runner, [[1] * 9], [0]) == ("NONE", BatchDescriptor(9, False))  # above every capture size
+
+
+def test_full_needs_a_capture_size_a_step_can_have(impl):
+    with pytest.raises(ConfigError, match=r"no capture size fits a step \(at most max_num_batched_tokens=4 tokens"):
+        make_runner(impl, "no_inductor", small_llama_config(), max_num_batched_tokens=4, cudagraph_mode="full",
+                    cudagraph_capture_sizes=[8, 16])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode, level, support, lowered",
+    [
+        ("full", 3, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_and_piecewise"),
+        ("full", 3, AttentionCGSupport.UNIFORM_BATCH, "full_and_piecewise"),
+        ("full", 2, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),  # no pieces at level 2
+        ("full", 3, AttentionCGSupport.NEVER, "piecewise"),
+        ("full", 2, AttentionCGSupport.NEVER, "none"),
+        ("full_and_piecewise", 3, AttentionCGSupport.NEVER, "piecewise"),
+        ("full_decode_only", 3, AttentionCGSupport.NEVER, "none"),
+        ("full", 3, AttentionCGSupport.ALWAYS, None),
+        ("full_and_piecewise", 3, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, None),
+    ],
+)
+def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line(
+    mode, level, support, lowered, impl, monkeypatch
+):
+    monkeypatch.setattr(runner_module, "cudagraph_support", lambda device, dtype: support)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner = make_runner(impl, "no_inductor", small_llama_config(), level=level, cudagraph_mode=mode,
+                             cudagraph_capture_sizes=[1, 2, 4])  # fmt: skip
+    notes = [str(w.message) for w in caught if "attention declares" in str(w.message)]
+    if lowered is None:
+        assert runner.config.cudagraph_mode == mode and not notes
+        return
+    assert runner.config.cudagraph_mode == lowered
+    (note,) = notes
+    assert "\n" not in note and note.startswith(f"cudagraph_mode={mode!r} runs as {lowered!r}: attention declares "
+                                                f"{support.name}")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_float64_on_cuda_runs_full_graphs_as_pieces(impl):
+    """float64 attention runs the torch path, which reads host lengths a graph would freeze: NEVER."""
+    with pytest.warns(RuntimeWarning, match=r"'full_and_piecewise' runs as 'piecewise': attention declares NEVER"):
+        runner = make_runner(impl, "no_inductor_full", small_llama_config(), device="cuda", dtype=torch.float64)
+    assert runner.full_sizes == () and runner.capture_sizes
+
+
+def _continuous_run(device: str, *, graphs: bool) -> tuple[list, dict]:
+    """One continuous schedule under ``cudagraph_mode='full'`` (3 rows, budget 6, capture sizes 2, 4, 6: steps
+    padded, rows reused): (per step, its kind and logits), counter deltas. ``graphs=False``: the same steps
+    through the same code and kernels, each run without its graph (the full graphs' wrapper never captures)."""
+    config = {**MODE_KWARGS["no_inductor"]["compilation_config"], "cudagraph_mode": "full",
+              "cudagraph_capture_sizes": [2, 4, 6]}  # fmt: skip
+    llm = LLM("llama-tiny", device=device, dtype="float32", use_tqdm=False, max_num_seqs=3, max_num_batched_tokens=6,
+              compilation_config=config)  # fmt: skip
+    if not graphs:
+        full_graphs = llm.runner.compiled.full_graphs
+        full_graphs.captured.clear()
+        full_graphs.warm_ups = WarmUpCount(sys.maxsize)
+    steps, real_step = [], llm.runner.step
+
+    def spy(new_tokens, context_lens, rows, fed=None):
+        logits = real_step(new_tokens, context_lens, rows, fed=fed)
+        kind = "mixed" if fed is not None and new_tokens else "decode" if fed is not None else "prefill"
+        steps.append((kind, llm.runner.last_dispatch, logits.clone()))
+        return logits
+
+    llm.runner.step = spy
+    prompts = [token_ids(n, llm.vocab_size, seed=60 + n) for n in (5, 2, 9, 1, 3, 4)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 6, 2, 4, 3, 5)]
+    before = compilation_counter.snapshot()
+    llm.generate(prompts, params, use_tqdm=False)
+    after = compilation_counter.snapshot()
+    return steps, {name: getattr(after, name) - getattr(before, name) for name in vars(after)}
+
+
+@pytest.mark.gpu
+@pytest.mark.requires("counters")
+def test_every_kind_of_step_replays_its_full_graph_bitwise_as_its_kernels_run_without_one():
+    replayed, deltas = _continuous_run("cuda", graphs=True)
+    plain, _ = _continuous_run("cuda", graphs=False)
+    assert {kind for kind, _, _ in replayed} == {"prefill", "mixed", "decode"}, "a kind of step is missing"
+    assert all(d.runtime_mode == "FULL" for _, d, _ in replayed)
+    assert deltas["num_full_cudagraph_replays"] == len(replayed) and deltas["num_full_cudagraph_captured"] == 0
+    assert [(k, d) for k, d, _ in replayed] == [(k, d) for k, d, _ in plain]
+    for i, ((kind, d, a), (_, _, b)) in enumerate(zip(replayed, plain)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"step {i} ({kind}, {d.descriptor}): {m}")
