@@ -13,8 +13,10 @@ from conformance.faults.fault import Fault, patches
 from reference.compilation import capture
 from reference.compilation.breakable import BreakableCUDAGraphs, _BreakAtSplittingOps
 from reference.compilation.full_graph import FullCUDAGraphs
+from reference.engine import runner
 from reference.engine.runner import ModelRunner
 from reference.forward_context import BatchDescriptor
+from reference.ops import attention_metadata
 from reference.ops.attention_metadata import AttentionMetadata, GraphTables
 
 _real_dispatch = ModelRunner.dispatch
@@ -33,6 +35,29 @@ def _fresh_graph_tables(self, staged, size):
     """A step's tables for a full graph of any step stay in the step's own staging tensor, so the graph keeps
     reading the query offsets, lengths and slots of the step it was captured at."""
     return GraphTables.from_flat(staged, size, self.graph_capacity(size))
+
+
+_staged_tensors: list = []
+
+
+def _kept_alive(int_lists_to_device):
+    """``int_lists_to_device`` whose tensors are never freed. With it, a graph that reads a step's staged
+    tensors instead of the static ones replays the values of its capture step, as such a bug does until the
+    allocator hands that memory to another tensor, after which it reads garbage and may fault the device (a
+    crash catches nothing: the faults below are held to a wrong result)."""
+
+    def staged(lists, device):
+        tensors = int_lists_to_device(lists, device)
+        _staged_tensors.append(tensors)
+        return tensors
+
+    return staged
+
+
+_KEEP_STAGED_TENSORS = (
+    mock.patch.object(runner, "int_lists_to_device", _kept_alive(runner.int_lists_to_device)),
+    mock.patch.object(attention_metadata, "int_lists_to_device", _kept_alive(attention_metadata.int_lists_to_device)),
+)
 
 
 def _tables_dropped(cls, *args, graph_tables=None):
@@ -86,7 +111,7 @@ FAULTS = [
         kind="runner",
         description="under cudagraph_mode='full' a step's query offsets, lengths, rows and slots are fresh device "
         "tensors instead of the runner's static tables, so every replay attends with those of its capture step",
-        plant=patches(mock.patch.object(ModelRunner, "_into_graph_tables", _fresh_graph_tables)),
+        plant=patches(mock.patch.object(ModelRunner, "_into_graph_tables", _fresh_graph_tables), *_KEEP_STAGED_TENSORS),
         tests="test_every_kind_of_step_replays_its_full_graph_bitwise",
         device="cuda",
     ),
@@ -96,7 +121,9 @@ FAULTS = [
         description="the attention declares it serves every step inside a full graph (ALWAYS), but its metadata "
         "never carries the static tables, so a mixed step's graph records launches sized and addressed for its "
         "capture step",
-        plant=patches(mock.patch.object(AttentionMetadata, "from_device", classmethod(_tables_dropped))),
+        plant=patches(
+            mock.patch.object(AttentionMetadata, "from_device", classmethod(_tables_dropped)), *_KEEP_STAGED_TENSORS
+        ),
         tests="test_every_kind_of_step_replays_its_full_graph_bitwise",
         device="cuda",
     ),
