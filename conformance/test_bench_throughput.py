@@ -79,9 +79,24 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert env["command"].startswith("python -m reference.bench_throughput --model llama-tiny --num-prompts 7 ")
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("llama-tiny on cpu") and "7 requests" in printed[0]
-    table = [line for line in printed if line.startswith("| eager |")]
-    assert [line.split(" | ")[1] for line in table] == ["continuous", "static"]
-    assert table[0].split(" | ")[10] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[10] == "-"
+    table = [line for line in printed if line.startswith("| eager | none |")]
+    assert [line.split(" | ")[2] for line in table] == ["continuous", "static"]
+    assert table[0].split(" | ")[11] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[11] == "-"
+
+
+@pytest.mark.no_inductor
+@pytest.mark.no_inductor_full
+def test_each_cudagraph_mode_is_a_row_of_every_mode_and_says_what_ran(tmp_path, capsys):
+    """issue 23's comparison: 'full' against 'full_and_piecewise' over the same workload. On a CPU both pad
+    every step to the same capture size (nothing is captured), so the tokens agree; the rows say what ran."""
+    out = tmp_path / "throughput.json"
+    main([*SMALL, "--modes", "no_inductor", "--cudagraph-mode", "full_and_piecewise,FULL", "--scheduling",
+          "continuous", "--output-json", str(out)])  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mode"], r["cudagraph_mode"]) for r in rows] == [("no_inductor", "full_and_piecewise"),
+                                                                 ("no_inductor", "full")]  # fmt: skip
+    assert [r["same_tokens_as_first_mode"] for r in rows] == [1.0, 1.0]
+    assert "| no_inductor | full | continuous |" in capsys.readouterr().out
 
 
 @pytest.mark.eager
@@ -132,6 +147,13 @@ def test_the_cli_offers_the_engines_schedulings():
         (["--scheduling", "fifo"], "argument --scheduling: unknown ['fifo']; choose from continuous, static"),
         (["--scheduling", ","], "argument --scheduling: no scheduling given in ','; choose from continuous, static"),
         (["--scheduling", "static,static"], "argument --scheduling: 'static,static' names a scheduling twice"),
+        (["--cudagraph-mode", "fulll"], "argument --cudagraph-mode: unknown ['fulll']; choose from none, piecewise,"),
+        (["--cudagraph-mode", "full,FULL"], "argument --cudagraph-mode: 'full,full' names a cudagraph_mode twice"),
+        (
+            ["--modes", "eager,no_inductor", "--cudagraph-mode", "full"],
+            "--cudagraph-mode applies to compiled modes, and eager runs enforce_eager (no graphs); drop eager from "
+            "--modes or drop --cudagraph-mode",
+        ),
         (["--max-num-seqs", "0"], "argument --max-num-seqs: expected an int >= 1, got '0'"),
         (["--num-prompts", "0"], "argument --num-prompts: expected an int >= 1, got '0'"),
         (["--seed", "-1"], "argument --seed: expected an int in [0, 2**63), got '-1'"),
@@ -168,7 +190,8 @@ def test_the_cli_offers_the_engines_schedulings():
     ],
     ids=[
         "input-len-0", "min-above-max", "not-ints", "output-min-0", "three-parts", "unknown-mode", "no-mode",
-        "unknown-scheduling", "no-scheduling", "scheduling-twice", "max-num-seqs-0", "num-prompts-0", "seed",
+        "unknown-scheduling", "no-scheduling", "scheduling-twice", "unknown-graphs", "graphs-twice",
+        "graphs-for-eager", "max-num-seqs-0", "num-prompts-0", "seed",
         "dtype", "model", "empty-output-json", "output-json-is-dir", "budget-below-seqs", "past-positions",
         "max-model-len-below-requests", "max-model-len-past-positions", "budget-above-cache", "unchunked-too-long",
     ],
@@ -242,7 +265,7 @@ def test_ctrl_c_keeps_the_rows_that_finished(tmp_path, capsys, monkeypatch):
     assert [r["scheduling"] for r in doc["rows"]] == ["continuous"] and doc["rows"][0]["speedup_vs_static"] is None
     assert doc["interrupted"] == "interrupted during eager/static: 1 of 2 rows finished"
     captured = capsys.readouterr()
-    assert "| eager | continuous |" in captured.out and captured.err.splitlines()[-1].endswith(doc["interrupted"])
+    assert "| eager | none | continuous |" in captured.out and captured.err.splitlines()[-1].endswith(doc["interrupted"])
 
 
 def test_help_lists_every_flag(capsys):
@@ -252,5 +275,5 @@ def test_help_lists_every_flag(capsys):
     out = capsys.readouterr().out
     for flag in ("--model", "--modes", "--scheduling", "--num-prompts", "--input-len", "--output-len",
                  "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--dtype", "--device", "--seed",
-                 "--output-json"):  # fmt: skip
+                 "--output-json", "--cudagraph-mode"):  # fmt: skip
         assert flag in out

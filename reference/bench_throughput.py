@@ -44,7 +44,7 @@ from reference.benchmark.cli import (
     seed,
     usage_error,
 )
-from reference.config import echo
+from reference.config import CUDAGRAPH_MODES, echo
 
 PROG = "python -m reference.bench_throughput"
 # reference.engine.scheduler.SCHEDULING, spelled here so that --help imports no torch (a test keeps them equal)
@@ -70,6 +70,14 @@ def scheduling_names(text: str) -> list[str]:
     names = names_of(SCHEDULINGS, "scheduling")(text)
     if not names:
         raise argparse.ArgumentTypeError(f"no scheduling given in {echo(text)}; choose from {', '.join(SCHEDULINGS)}")
+    return names
+
+
+def graph_mode_names(text: str) -> list[str]:
+    """argparse type: comma-separated ``cudagraph_mode`` values (lower case, or vLLM's capitals), at least one."""
+    names = names_of(CUDAGRAPH_MODES, "cudagraph_mode")(",".join(n.strip().lower() for n in text.split(",")))
+    if not names:
+        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(CUDAGRAPH_MODES)}")
     return names
 
 
@@ -107,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(SCHEDULINGS),
         help="comma-separated, run in this order for each mode: continuous (batching with chunked prefill), "
         f"static (the baseline: batches of --max-num-seqs run to their end) (default: {','.join(SCHEDULINGS)})",
+    )
+    parser.add_argument(
+        "--cudagraph-mode",
+        type=graph_mode_names,
+        default=None,
+        metavar="MODE[,MODE...]",
+        help="comma-separated cudagraph_mode values, each run for every mode of --modes in place of the mode's own "
+        f"(out of {','.join(CUDAGRAPH_MODES)}; vLLM's capitals too), e.g. full_and_piecewise,full; the row says "
+        "what ran, after the engine lowered what the attention cannot serve (default: each mode's own)",
     )
     parser.add_argument("--num-prompts", type=positive_int, default=64, help="requests in the workload" + default)
     parser.add_argument(
@@ -161,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--max-num-batched-tokens {args.max_num_batched_tokens} is below --max-num-seqs {args.max_num_seqs}: "
             "a step decodes one token of every running request"
         )
+    if args.cudagraph_mode is not None and "eager" in args.modes:  # every other mode takes any cudagraph_mode
+        parser.error("--cudagraph-mode applies to compiled modes, and eager runs enforce_eager (no graphs); drop eager "
+                     "from --modes or drop --cudagraph-mode")  # fmt: skip
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
@@ -203,13 +223,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table: throughput, steps, the speed-up over static batching, token agreement."""
     first = rows[0]["mode"]
-    head = ["mode", "scheduling", "start-up s", "elapsed s", "req/s", "output tok/s", "total tok/s", "steps"]
+    head = ["mode", "cudagraph_mode", "scheduling", "start-up s", "elapsed s", "req/s", "output tok/s", "total tok/s"]
+    head += ["steps"]
     head += ["tokens/step", "decode / mixed / prefill step ms (count)", "vs static"]
     head += [f"same tokens as {first} (same scheduling)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         speedup = r["speedup_vs_static"]
-        cells = [r["mode"], r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
+        cells = [r["mode"], r["cudagraph_mode"], r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
         cells += [f"{r['requests_per_s']:.1f}", f"{r['output_tokens_per_s']:.1f}", f"{r['total_tokens_per_s']:.1f}"]
         cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}", _step_times(r["step_ms"])]
         cells += ["-" if speedup is None else f"{speedup:.2f}x", f"{r['same_tokens_as_first_mode']:.0%}"]
@@ -246,12 +267,14 @@ def main(argv: list[str] | None = None) -> None:
     "input_len" and "output_len" ([MIN, MAX]), "token_range" ([first, end) of the prompts' ids), "input_lens",
     "output_lens" (drawn, per request), "prompt_tokens", "output_tokens" (their sums)}, "engine":
     {"max_num_seqs", "max_num_batched_tokens" (the one used), "max_model_len", "enable_chunked_prefill",
-    "dtype" (the one used), "device"}, "rows": [{"mode", "scheduling", "startup_s" (building the LLM),
+    "dtype" (the one used), "device"}, "rows": [{"mode", "cudagraph_mode" (what the engine ran: the mode's
+    own or ``--cudagraph-mode``'s, as lowered for the attention; "none" for eager), "scheduling", "startup_s"
+    (building the LLM),
     "elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s" (prompt + output),
     "output_tokens" (generated), "num_steps" (model steps run), "tokens_run" (tokens those steps fed the
     model), "step_ms" ({kind: {"count", "mean_ms"}} for the kinds ``decode``, ``mixed``, ``prefill`` that
-    ran: :class:`reference.benchmark.throughput._StepClock`), "speedup_vs_static" (static's elapsed / continuous's, same mode; null on static rows or without a
-    static row), "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first
+    ran: :class:`reference.benchmark.throughput._StepClock`), "speedup_vs_static" (static's elapsed /
+    continuous's, same mode and cudagraph_mode; null on static rows or without a static row), "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first
     mode's row of the same scheduling: :mod:`reference.benchmark.throughput` says why not across
     schedulings)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch",
     "commit", "date", "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.

@@ -103,21 +103,24 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     first_tokens: dict[str, list[list[int]]] = {}  # per scheduling, the first mode's: the agreement column
     owner: LLM | None = None  # the LLM holding the weights
-    runs = [(mode, scheduling) for mode in args.modes for scheduling in args.scheduling]
+    graph_modes = args.cudagraph_mode or [None]  # None: the mode's own
+    runs = [(m, g, s) for m in args.modes for g in graph_modes for s in args.scheduling]
     interrupted = None
     try:
-        for mode, scheduling in runs:
+        for mode, graphs, scheduling in runs:
             start = time.perf_counter()
-            llm = _build_llm(args, device, owner, scheduling, **mode_kwargs(mode, None))
+            overrides = None if graphs is None else {"cudagraph_mode": graphs}
+            llm = _build_llm(args, device, owner, scheduling, **mode_kwargs(mode, overrides))
             startup_s = time.perf_counter() - start
             owner = owner or llm
             row, tokens = _time_generate(llm, workload, params)
             first = first_tokens.setdefault(scheduling, tokens)
             agree = sum(a == b for a, b in zip(tokens, first)) / len(tokens)
-            rows.append({"mode": mode, "scheduling": scheduling, "startup_s": startup_s, **row,
+            ran = llm.runner.config.cudagraph_mode  # after any lowering for the attention
+            rows.append({"mode": mode, "cudagraph_mode": ran, "scheduling": scheduling, "startup_s": startup_s, **row,
                          "same_tokens_as_first_mode": agree})  # fmt: skip
             print(
-                f"{mode}/{scheduling}: {row['requests_per_s']:.1f} requests/s, {row['output_tokens_per_s']:.1f} "
+                f"{mode}/{ran}/{scheduling}: {row['requests_per_s']:.1f} requests/s, {row['output_tokens_per_s']:.1f} "
                 f"output tokens/s ({row['elapsed_s']:.3f} s, {row['num_steps']} steps)",
                 file=sys.stderr,
             )
@@ -125,7 +128,8 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
                 del llm
                 release(device)
     except KeyboardInterrupt:  # keep what finished, say where it stopped
-        where = f"interrupted during {mode}/{scheduling}: {len(rows)} of {len(runs)} rows finished"
+        run_name = "/".join(name for name in (mode, graphs, scheduling) if name)
+        where = f"interrupted during {run_name}: {len(rows)} of {len(runs)} rows finished"
         if not rows:
             raise Interrupted(where) from None
         interrupted = where
@@ -266,9 +270,9 @@ class _StepClock:
 
 
 def _add_speedups(rows: list[dict[str, Any]]) -> None:
-    """Each continuous row's ``speedup_vs_static``: its mode's static elapsed / its own (None without one);
-    static rows get None."""
-    static = {r["mode"]: r["elapsed_s"] for r in rows if r["scheduling"] == "static"}
+    """Each continuous row's ``speedup_vs_static``: its mode's static elapsed (same cudagraph_mode) / its own
+    (None without one); static rows get None."""
+    static = {(r["mode"], r["cudagraph_mode"]): r["elapsed_s"] for r in rows if r["scheduling"] == "static"}
     for r in rows:
-        base = static.get(r["mode"]) if r["scheduling"] == "continuous" else None
+        base = static.get((r["mode"], r["cudagraph_mode"])) if r["scheduling"] == "continuous" else None
         r["speedup_vs_static"] = None if base is None else base / r["elapsed_s"]
