@@ -217,8 +217,8 @@ class ModelRunner:
         self.full_metadata = self.graph_tables_buffer = None
         if self.full_sizes and config.full_graphs_of_every_step:
             largest = self.full_sizes[-1]
-            self.graph_tables_buffer = torch.zeros(largest + 3 * self.graph_capacity(largest) + 1, dtype=torch.int64,
-                                                   device=self.device)  # fmt: skip
+            size = GraphTables.flat_len(largest, self.graph_capacity(largest))
+            self.graph_tables_buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
         elif self.full_sizes:
             self.full_metadata = torch.zeros(2, max_num_seqs, dtype=torch.int64, device=self.device)
         self.startup = StartupStats()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.forward_context import get_forward_context
-from reference.ops.attention_metadata import AttentionMetadata
+from reference.ops.attention_metadata import AttentionMetadata, GraphTables
 from reference.ops.library import HAS_TRITON, TRITON_DTYPES, define_op, register_direct_call
 
 if HAS_TRITON:
@@ -89,9 +89,9 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> None:
     """Write k, v into ``layer.kv_cache`` and ``attention(q, k, v)`` into ``out`` for the real tokens.
 
-    On CUDA in fp16, bf16 or fp32 a step with ``graph_tables`` (a full graph of any step kind) takes two
-    launches sized by the graph's key (cache write, then attention; :mod:`reference.ops.graph_attention_kernels`),
-    and a decode step takes one Triton launch (cache write + attention). Any
+    On CUDA in fp16, bf16 or fp32 a step with ``graph_tables`` (a full graph of any step kind) takes three
+    launches sized by the graph's key (:func:`attention_in_full_graph`), and a decode step takes one Triton
+    launch (cache write + attention). Any
     other step (prefill, mixed) writes the cache, then runs its leading one-token sequences (a
     continuous-batching step's decodes) through the decode kernel and the rest through one
     variable-length Triton launch: the prefill kernel gives each query head a program and blocks of 64
@@ -100,13 +100,8 @@ def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> N
     also the reference the Triton kernels are tested against.
     """
     if HAS_TRITON and q.is_cuda and q.dtype in TRITON_DTYPES:
-        tables = md.graph_tables
-        if tables is not None:  # a full graph of any step: launches sized by the graph's key alone
-            graph_attention_kernels.write_kv_cache(k, v, layer.kv_cache, tables.slots)
-            graph_attention_kernels.varlen_attention(
-                q, layer.kv_cache, tables.cu_query_lens, tables.seq_lens, tables.rows, tables.num_tokens, out,
-                layer.scale, layer.sliding_window, layer.logits_soft_cap,
-            )  # fmt: skip
+        if md.graph_tables is not None:  # a full graph of any step: launches sized by the graph's key alone
+            attention_in_full_graph(layer, md.graph_tables, q, k, v, out)
             return
         decodes = md.num_leading_single_tokens
         if not md.is_decode:
@@ -126,6 +121,23 @@ def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> N
             )  # fmt: skip
         return
     attention_torch(layer, md, q, k, v, out)
+
+
+def attention_in_full_graph(layer: "Attention", tables: GraphTables, q, k, v, out) -> None:
+    """:func:`attention_impl` inside a full graph of any step (Triton on CUDA): every launch's grid and
+    arguments depend only on the graph's key, every per-step value is read from ``tables``. The cache write
+    of every real token, the decode kernel over the step's leading decodes (its padding rows left alone:
+    they are other sequences' tokens), the variable-length kernel over the other sequences."""
+    kernels = graph_attention_kernels
+    kernels.write_kv_cache(k, v, layer.kv_cache, tables.slots)
+    triton_kernels.decode_attention(
+        q, k, v, layer.kv_cache, tables.decode_rows, tables.decode_seq_lens, out,
+        layer.scale, layer.sliding_window, layer.logits_soft_cap, zero_padding=False,
+    )  # fmt: skip
+    kernels.varlen_attention(
+        q, layer.kv_cache, tables.cu_query_lens, tables.seq_lens, tables.rows, tables.num_tokens, out,
+        layer.scale, layer.sliding_window, layer.logits_soft_cap,
+    )  # fmt: skip
 
 
 def _write_cache(layer: "Attention", md: AttentionMetadata, k, v) -> None:

@@ -21,16 +21,25 @@ class GraphTables:
     padded token count ``T`` and its sequence capacity ``S`` (``min(T, max_num_seqs)``), as the grids of the
     kernels that read them do (:mod:`reference.ops.graph_attention_kernels`).
 
+    The step's leading one-token sequences (its decodes, ``d`` of them) go to the decode kernel, whose
+    program ``i`` serves token row ``i``; the rest to the variable-length kernel, whose first entry is a
+    gap over the decodes' rows (``d`` queries, length 0: skipped), so its offsets stay token rows.
+
     Attributes:
         slots: [T] int64, the cache slot of each token row (``row * max_model_len + position``), -1 for a
             padding row.
-        cu_query_lens: [S + 1] int64, sequence ``s``'s tokens are rows ``cu[s] .. cu[s + 1] - 1``; padding
-            entries repeat the real token count (no tokens).
-        seq_lens: [S] int64, each sequence's length after the step (0 for padding).
-        rows: [S] int64, each sequence's cache row (0 for padding).
+        decode_seq_lens, decode_rows: [S] int64, the decodes' lengths after the step and cache rows, then 0
+            (padding, which the decode kernel neither writes nor reads).
+        cu_query_lens: [S + 2] int64, entry ``e`` of the variable-length kernel holds token rows ``cu[e] ..
+            cu[e + 1] - 1``: entry 0 the gap (rows ``0 .. d - 1``), then each other sequence; padding entries
+            repeat the real token count (no tokens).
+        seq_lens, rows: [S + 1] int64, each entry's length after the step (0 for the gap and padding) and
+            cache row (0 for them).
     """
 
     slots: torch.Tensor
+    decode_seq_lens: torch.Tensor
+    decode_rows: torch.Tensor
     cu_query_lens: torch.Tensor
     seq_lens: torch.Tensor
     rows: torch.Tensor
@@ -40,31 +49,39 @@ class GraphTables:
         return self.slots.shape[0]
 
     @staticmethod
+    def flat_len(num_tokens: int, capacity: int) -> int:
+        """Ints in the flat form of a graph's tables (:meth:`host_list`, :meth:`from_flat`)."""
+        return num_tokens + 5 * capacity + 4
+
+    @staticmethod
     def host_list(
         query_lens: list[int], seq_lens: list[int], rows: list[int], slots: list[int], num_tokens: int, capacity: int
     ) -> list[int]:
-        """A step's four tables padded to ``num_tokens`` rows and ``capacity`` sequences, flat in the order
-        :meth:`from_flat` reads: slots, cu_query_lens, seq_lens, rows.
+        """A step's tables padded to ``num_tokens`` rows and ``capacity`` sequences, flat in the order
+        :meth:`from_flat` reads: slots, decode_seq_lens, decode_rows, cu_query_lens, seq_lens, rows.
 
         Raises:
             ValueError: the step has more tokens or sequences than the graph.
         """
-        n, padding = len(slots), capacity - len(rows)
-        if n > num_tokens or padding < 0:
+        n, num_seqs = len(slots), len(rows)
+        if n > num_tokens or num_seqs > capacity:
             raise ValueError(
-                f"a step of {n} tokens in {len(rows)} sequences does not fit a graph of {num_tokens} tokens and "
+                f"a step of {n} tokens in {num_seqs} sequences does not fit a graph of {num_tokens} tokens and "
                 f"{capacity} sequences"
             )
-        cu = [0, *itertools.accumulate(query_lens)]
-        return [*slots, *[-1] * (num_tokens - n), *cu, *[n] * padding, *seq_lens, *[0] * padding, *rows, *[0] * padding]
+        d = count_leading_single_tokens(query_lens)
+        decodes = [*seq_lens[:d], *[0] * (capacity - d), *rows[:d], *[0] * (capacity - d)]
+        padding = capacity - (num_seqs - d)  # varlen entries: the gap, the other sequences, padding
+        cu = [0, *itertools.accumulate([d, *query_lens[d:]]), *[n] * padding]
+        varlen = [*cu, 0, *seq_lens[d:], *[0] * padding, 0, *rows[d:], *[0] * padding]
+        return [*slots, *[-1] * (num_tokens - n), *decodes, *varlen]
 
     @classmethod
     def from_flat(cls, flat: torch.Tensor, num_tokens: int, capacity: int) -> "GraphTables":
-        """Views of ``flat`` ([T + 3S + 1] int64: slots, cu_query_lens, seq_lens, rows)."""
-        slots, cu, seq_lens, rows = flat[: num_tokens + 3 * capacity + 1].split(
-            [num_tokens, capacity + 1, capacity, capacity]
-        )
-        return cls(slots, cu, seq_lens, rows)
+        """Views of ``flat`` (at least :meth:`flat_len` int64, laid out as :meth:`host_list` writes)."""
+        s = capacity
+        parts = flat[: cls.flat_len(num_tokens, s)].split([num_tokens, s, s, s + 2, s + 1, s + 1])
+        return cls(*parts)
 
 
 @dataclass

@@ -10,7 +10,8 @@ longest query), which is why they serve full graphs of uniform decode steps only
 * ``write_kv_cache``: the keys and values of ``T`` token rows into their cache slots, one program per row;
   a slot of -1 (a padding row) writes nothing.
 * ``varlen_attention``: causal attention of every sequence's new tokens over its cache row, prefills,
-  prompt chunks and decodes alike, in one launch of ``T // BLOCK_Q + S`` programs per KV head. Program
+  prompt chunks and decodes alike, in one launch of ``T // BLOCK_Q + S`` programs per KV head (an entry of
+  length 0 is skipped: the attention op gives it the step's decodes, which the decode kernel serves). Program
   ``p`` serves the sequence ``s`` whose range ``[cu[s] // BLOCK_Q + s, cu[s + 1] // BLOCK_Q + s + 1)``
   holds it (a binary search over the query offsets ``cu``): a sequence of ``Q`` queries has at least
   ``ceil(Q / BLOCK_Q)`` programs there, and a padding entry (``Q = 0``) one program that returns at once.
@@ -87,8 +88,8 @@ def _varlen_attention_kernel(
     q_start = tl.load(cu_ptr + seq)
     q_len = tl.load(cu_ptr + seq + 1) - q_start
     m0 = (p - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # this program's first query within the sequence
-    if m0 < q_len:
-        seq_len = tl.load(seq_lens_ptr + seq)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if (m0 < q_len) & (seq_len > 0):  # length 0: padding, or rows another kernel serves
         row = tl.load(rows_ptr + seq)
         d = tl.arange(0, D)
         r = tl.arange(0, BLOCK_Q * GROUP_PAD)  # tile row: query m0 + r // GROUP_PAD, head r % GROUP_PAD
@@ -142,7 +143,8 @@ def varlen_attention(
     q, out: [>= num_tokens, Hq * D] (rows may be strided views; last dim contiguous); kv_cache: [2, R, L,
     Hkv, D]; cu_query_lens: [S + 1] int64, sequence ``s``'s queries are rows ``cu[s] .. cu[s + 1] - 1`` of q
     (non-decreasing, ``cu[0] = 0``, ``cu[S] <= num_tokens``; an entry with no queries is padding);
-    seq_lens, rows: [S] int64, each sequence's length after this step and its cache row. Query ``i`` of a
+    seq_lens, rows: [S] int64, each sequence's length after this step (0: skipped, its rows untouched) and
+    its cache row. Query ``i`` of a
     sequence of length ``L`` with ``Q`` queries sits at position ``L - Q + i`` and sees keys ``j <= L - Q +
     i`` (and, with a sliding window ``W``, ``j > L - Q + i - W``). Rows of out that no sequence's query
     covers are not written.

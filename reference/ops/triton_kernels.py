@@ -220,7 +220,7 @@ def _decode_attention_kernel(
     c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
     scale, softcap, window,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, ZERO_PADDING: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -256,11 +256,11 @@ def _decode_attention_kernel(
         v = tl.load(v_cache + n[:, None] * c_pos + d[None, :], mask=valid[:, None], other=0.0)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, IEEE)
     out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # l_i is 0 only for padding
-    tl.store(
-        out_ptr + seq * out_stride + (kvh * GROUP + g[:, None]) * D + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=g[:, None] < GROUP,
-    )
+    keep = g[:, None] < GROUP
+    if not ZERO_PADDING:  # a padding entry's row belongs to another kernel's token: leave it
+        keep = keep & (seq_len > 0)
+    tl.store(out_ptr + seq * out_stride + (kvh * GROUP + g[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=keep)  # fmt: skip
 
 
 def decode_attention(
@@ -274,13 +274,15 @@ def decode_attention(
     scale: float,
     sliding_window: int | None,
     softcap: float | None,
+    zero_padding: bool = True,
 ) -> None:
     """One decode token per sequence: write k, v into the cache, attention into ``out``.
 
     q, out: [>= B, Hq * D]; k, v: [>= B, Hkv * D] (rows may be strided views; last dim contiguous);
     kv_cache: [2, R, L, Hkv, D]; rows, seq_lens: [B] int64 (length after this step; 0 marks a padding
-    entry, whose output row is 0). Only the first B rows of q/k/v/out are used (the rest is CUDA-graph
-    padding).
+    entry, whose output row is 0, or left as it is with ``zero_padding=False``: in a full graph of a mixed
+    step that row is another sequence's token). Only the first B rows of q/k/v/out are used (the rest is
+    CUDA-graph padding).
     """
     b = rows.shape[0]
     _, _, _, kv_heads, d = kv_cache.shape
@@ -292,7 +294,7 @@ def decode_attention(
         scale, softcap or 0.0, sliding_window or 0,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64 if d <= 128 else 32,
         SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4 if d <= 128 else 8,
+        ZERO_PADDING=zero_padding, num_warps=4 if d <= 128 else 8,
     )
 
 
