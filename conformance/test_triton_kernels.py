@@ -14,6 +14,8 @@ outputs can cancel to near zero, so its bf16 error is bounded by the pair it rot
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,6 +44,13 @@ def _attention_tolerance(dtype: torch.dtype) -> dict[str, float]:
     """Triton's attention against the torch path (module doc): fp32 reduction order alone in fp32; in bf16 two
     rounding steps of the output, relative, plus 2e-2 absolute for outputs the weighted sum cancels."""
     return dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=2e-2)
+
+
+def _attention_layer(group: int, head_size: int, window: int | None, softcap: float | None):
+    """What the attention kernels read of a layer: 2 KV heads, ``group`` query heads each, its cache attached
+    by the caller."""
+    return SimpleNamespace(num_kv_heads=2, num_heads=2 * group, head_size=head_size, scale=head_size**-0.5,
+                           sliding_window=window, logits_soft_cap=softcap)  # fmt: skip
 
 
 def _tk():
@@ -156,15 +165,8 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
     """Cache write and attention, with padding rows, non-consecutive cache rows and ragged lengths; head size
     256 is Gemma 3's (its float32 tiles are four times bf16's at 64)."""
 
-    class Layer:
-        num_kv_heads = 2
-        num_heads = 2 * group
-        sliding_window, logits_soft_cap = window, softcap
-
-    Layer.head_size, Layer.scale = head_size, head_size**-0.5
-
     dtype, _ = dtype_tol
-    layer, d = Layer(), head_size
+    layer, d = _attention_layer(group, head_size, window, softcap), head_size
     rows, seq_lens, max_len = [3, 0, 5], [1, 37, 150], 160
     cache = torch.randn(2, 6, max_len, 2, d, device="cuda", dtype=dtype)
     qkv = torch.randn(8, (layer.num_heads + 4) * d, device="cuda", dtype=dtype)  # 3 real tokens + 5 padding rows
@@ -208,16 +210,8 @@ def test_decode_attention_kernel_matches_torch_path(dtype_tol, window, softcap, 
 def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap, group, head_size, layout):
     """Attention of a step that is not a uniform decode, against the torch path; non-consecutive cache
     rows; three padding rows, which must not be written."""
-
-    class Layer:
-        num_kv_heads = 2
-        num_heads = 2 * group
-        scale = head_size**-0.5
-        sliding_window, logits_soft_cap = window, softcap
-
     dtype, _ = dtype_tol
-    layer, d = Layer(), head_size
-    layer.head_size = d
+    layer, d = _attention_layer(group, head_size, window, softcap), head_size
     (query_lens, context, rows), max_len = layout, 160
     seq_lens = [c + q for c, q in zip(context, query_lens)]
     n = sum(query_lens)
@@ -225,17 +219,7 @@ def test_prefill_attention_kernel_matches_torch_path(dtype_tol, window, softcap,
     qkv = torch.randn(n + 3, (layer.num_heads + 4) * d, device="cuda", dtype=dtype)
     q, k, v = qkv.split([layer.num_heads * d, 2 * d, 2 * d], dim=-1)
     md = AttentionMetadata.build(query_lens, seq_lens, rows, max_len, "cuda")
-    outs, caches = [], []
-    for path in ("triton", "torch"):
-        layer.kv_cache = cache.clone()
-        out = torch.full((n + 3, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
-        # attention.attention_impl looked up here, where a planted fault replaces it
-        (attention.attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
-        outs.append(out)
-        caches.append(layer.kv_cache)
-    torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
-    assert outs[0][n:].isnan().all(), "padding rows must not be written"
-    torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(dtype))
+    _assert_kernels_match_torch_path(layer, cache, q, k, v, md, md, n)
 
 
 @pytest.mark.parametrize(
@@ -259,15 +243,8 @@ def test_graph_attention_kernels_match_torch_path(dtype_tol, window, softcap, gr
     (here 5 padding rows and 3 padding entries), against the torch path; padding rows must not be written."""
     from reference.ops.attention_metadata import GraphTables
 
-    class Layer:
-        num_kv_heads = 2
-        num_heads = 2 * group
-        scale = head_size**-0.5
-        sliding_window, logits_soft_cap = window, softcap
-
     dtype, _ = dtype_tol
-    layer, d = Layer(), head_size
-    layer.head_size = d
+    layer, d = _attention_layer(group, head_size, window, softcap), head_size
     (query_lens, context, rows), max_len = layout, 160
     seq_lens = [c + q for c, q in zip(context, query_lens)]
     n, padded, capacity = sum(query_lens), sum(query_lens) + 5, len(rows) + 3
@@ -279,13 +256,20 @@ def test_graph_attention_kernels_match_torch_path(dtype_tol, window, softcap, gr
     tables = GraphTables.from_flat(torch.tensor(flat, device="cuda"), padded, capacity)
     graph_md = AttentionMetadata.build(query_lens, seq_lens, rows, max_len, "cuda")
     graph_md.graph_tables = tables
+    _assert_kernels_match_torch_path(layer, cache, q, k, v, graph_md, plain, n)
+
+
+def _assert_kernels_match_torch_path(layer, cache, q, k, v, kernels_md, torch_md, n):
+    """Attention through ``attention.attention_impl`` (looked up here, where a planted fault replaces it) with
+    ``kernels_md`` and through the torch path with ``torch_md``, each on a copy of ``cache`` and into an output
+    of NaNs as long as q: the caches equal, the first ``n`` rows close, the padding rows after them unwritten."""
     outs, caches = [], []
-    for path, md in (("triton", graph_md), ("torch", plain)):
+    for impl, md in ((attention.attention_impl, kernels_md), (attention_torch, torch_md)):
         layer.kv_cache = cache.clone()
-        out = torch.full((padded, layer.num_heads * d), float("nan"), device="cuda", dtype=dtype)
-        (attention.attention_impl if path == "triton" else attention_torch)(layer, md, q, k, v, out)
+        out = torch.full(q.shape, float("nan"), device=q.device, dtype=q.dtype)
+        impl(layer, md, q, k, v, out)
         outs.append(out)
         caches.append(layer.kv_cache)
     torch.testing.assert_close(caches[0], caches[1], rtol=0, atol=0)
     assert outs[0][n:].isnan().all(), "padding rows must not be written"
-    torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(dtype))
+    torch.testing.assert_close(outs[0][:n], outs[1][:n], **_attention_tolerance(q.dtype))
