@@ -134,6 +134,7 @@ def _continuous_run(device: str, *, graphs: bool) -> tuple[list, dict]:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # two engines captured and run: 19-27 s a fault's run on the H200, which starts it early
 @pytest.mark.requires("counters")
 def test_every_kind_of_step_replays_its_full_graph_bitwise_as_its_kernels_run_without_one():
     replayed, deltas = _continuous_run("cuda", graphs=True)
