@@ -99,6 +99,26 @@ def test_each_cudagraph_mode_is_a_row_of_every_mode_and_says_what_ran(tmp_path, 
     assert "| no_inductor | full | continuous |" in capsys.readouterr().out
 
 
+@pytest.mark.no_inductor
+@pytest.mark.no_inductor_full
+def test_two_graph_kinds_lowered_to_one_stay_two_rows_each_against_its_own_static_row(tmp_path, capsys, monkeypatch):
+    """An attention that serves decode steps only lowers 'full' to 'full_and_piecewise': the rows say what was
+    asked and what ran, and each continuous row's speed-up is over the static row of the same request."""
+    from reference.engine import runner
+    from reference.ops.attention import AttentionCGSupport
+
+    decodes_only = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    monkeypatch.setattr(runner, "cudagraph_support", lambda device, dtype: decodes_only)
+    out = tmp_path / "throughput.json"
+    main([*SMALL, "--modes", "no_inductor", "--cudagraph-mode", "full_and_piecewise,full", "--output-json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    asked = [(r["requested_cudagraph_mode"], r["cudagraph_mode"], r["scheduling"]) for r in rows]
+    assert asked == [(a, "full_and_piecewise", s) for a in ("full_and_piecewise", "full") for s in SCHEDULINGS]
+    for continuous, static in (rows[0:2], rows[2:4]):
+        assert continuous["speedup_vs_static"] == pytest.approx(static["elapsed_s"] / continuous["elapsed_s"])
+    assert "| no_inductor | full_and_piecewise (asked: full) | static |" in capsys.readouterr().out
+
+
 @pytest.mark.eager
 @pytest.mark.no_inductor
 def test_each_mode_is_compared_with_the_first_modes_tokens_under_the_same_scheduling(tmp_path, capsys):
@@ -147,12 +167,13 @@ def test_the_cli_offers_the_engines_schedulings():
         (["--scheduling", "fifo"], "argument --scheduling: unknown ['fifo']; choose from continuous, static"),
         (["--scheduling", ","], "argument --scheduling: no scheduling given in ','; choose from continuous, static"),
         (["--scheduling", "static,static"], "argument --scheduling: 'static,static' names a scheduling twice"),
-        (["--cudagraph-mode", "fulll"], "argument --cudagraph-mode: unknown ['fulll']; choose from none, piecewise,"),
-        (["--cudagraph-mode", "full,FULL"], "argument --cudagraph-mode: 'full,full' names a cudagraph_mode twice"),
+        (["--cudagraph-mode", "fulll"], "argument --cudagraph-mode: unknown ['fulll'] in 'fulll'; choose from none,"),
+        (["--cudagraph-mode", "full,FULL"], "argument --cudagraph-mode: 'full,FULL' names a cudagraph_mode twice"),
+        (["--cudagraph-mode", "Full,full_AND_piecewise"], "argument --cudagraph-mode: unknown ['Full', 'full_AND_"),
         (
             ["--modes", "eager,no_inductor", "--cudagraph-mode", "full"],
-            "--cudagraph-mode applies to compiled modes, and eager runs enforce_eager (no graphs); drop eager from "
-            "--modes or drop --cudagraph-mode",
+            "--cudagraph-mode replaces each mode's graph kind, and eager runs enforce_eager, which takes none; drop "
+            "eager from --modes or drop --cudagraph-mode",
         ),
         (["--max-num-seqs", "0"], "argument --max-num-seqs: expected an int >= 1, got '0'"),
         (["--num-prompts", "0"], "argument --num-prompts: expected an int >= 1, got '0'"),
@@ -191,6 +212,7 @@ def test_the_cli_offers_the_engines_schedulings():
     ids=[
         "input-len-0", "min-above-max", "not-ints", "output-min-0", "three-parts", "unknown-mode", "no-mode",
         "unknown-scheduling", "no-scheduling", "scheduling-twice", "unknown-graphs", "graphs-twice",
+        "graphs-mixed-case",
         "graphs-for-eager", "max-num-seqs-0", "num-prompts-0", "seed",
         "dtype", "model", "empty-output-json", "output-json-is-dir", "budget-below-seqs", "past-positions",
         "max-model-len-below-requests", "max-model-len-past-positions", "budget-above-cache", "unchunked-too-long",
@@ -265,7 +287,8 @@ def test_ctrl_c_keeps_the_rows_that_finished(tmp_path, capsys, monkeypatch):
     assert [r["scheduling"] for r in doc["rows"]] == ["continuous"] and doc["rows"][0]["speedup_vs_static"] is None
     assert doc["interrupted"] == "interrupted during eager/static: 1 of 2 rows finished"
     captured = capsys.readouterr()
-    assert "| eager | none | continuous |" in captured.out and captured.err.splitlines()[-1].endswith(doc["interrupted"])
+    assert "| eager | none | continuous |" in captured.out
+    assert captured.err.splitlines()[-1].endswith(doc["interrupted"])
 
 
 def test_help_lists_every_flag(capsys):

@@ -47,8 +47,8 @@ def _record(runner, new_tokens, context_lens):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_full_sends_every_step_of_a_capture_size_to_the_graph_of_its_padded_size(device, impl):
-    runner = make_runner(impl, "no_inductor", small_llama_config(), device=device, max_num_seqs=4, max_model_len=32,
-                         max_num_batched_tokens=16, cudagraph_mode="full", cudagraph_capture_sizes=[1, 2, 4, 8])  # fmt: skip
+    sizes = dict(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=16, cudagraph_capture_sizes=[1, 2, 4, 8])
+    runner = make_runner(impl, "no_inductor", small_llama_config(), device=device, cudagraph_mode="full", **sizes)
     runner.warm_up()
     assert runner.full_sizes == (1, 2, 4, 8) and runner.capture_sizes == ()  # past max_num_seqs: steps of any kind
     assert _record(runner, [[1, 2, 3]], [0]) == ("FULL", BatchDescriptor(4, False))  # a prefill
@@ -58,34 +58,59 @@ def test_full_sends_every_step_of_a_capture_size_to_the_graph_of_its_padded_size
     assert _record(runner, [[1] * 9], [0]) == ("NONE", BatchDescriptor(9, False))  # above every capture size
 
 
+def test_full_warns_of_capture_sizes_no_step_reaches(impl):
+    with pytest.warns(RuntimeWarning, match=r"^1 capture sizes exceed max_num_batched_tokens \(16\) and are not"):
+        runner = make_runner(impl, "no_inductor", small_llama_config(), max_num_batched_tokens=16,
+                             cudagraph_mode="full", cudagraph_capture_sizes=[4, 64])  # fmt: skip
+    assert runner.full_sizes == (4,)
+
+
+@pytest.mark.inductor  # compile_sizes need Inductor; the check refuses before any compile
+@pytest.mark.parametrize("mode", ["full", "piecewise"])
+def test_a_compile_size_that_steps_are_padded_past_is_refused(mode, impl):
+    """Under 'full' every step is padded to a capture size, as under piecewise graphs: a compile size of 3 between
+    the capture sizes 2 and 4 would be compiled and never run."""
+    with pytest.raises(ConfigError, match=r"^compile_sizes \[3\] never run: a step is padded to the next capture "
+                                          r"size \(\[1, 2, 4, 8\]\)"):  # fmt: skip
+        make_runner(impl, "inductor", small_llama_config(), max_num_batched_tokens=16, cudagraph_mode=mode,
+                    cudagraph_capture_sizes=[1, 2, 4, 8], compile_sizes=[3])  # fmt: skip
+
+
 def test_full_needs_a_capture_size_a_step_can_have(impl):
     with pytest.raises(ConfigError, match=r"no capture size fits a step \(at most max_num_batched_tokens=4 tokens"):
         make_runner(impl, "no_inductor", small_llama_config(), max_num_batched_tokens=4, cudagraph_mode="full",
                     cudagraph_capture_sizes=[8, 16])  # fmt: skip
 
 
+ONE_GRAPH = {"splitting_ops": []}  # level 3 without a split: no pieces to fall back to
+
+
 @pytest.mark.parametrize(
-    "mode, level, support, lowered",
+    "mode, fields, support, lowered",
     [
-        ("full", 3, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_and_piecewise"),
-        ("full", 3, AttentionCGSupport.UNIFORM_BATCH, "full_and_piecewise"),
-        ("full", 2, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),  # no pieces at level 2
-        ("full", 3, AttentionCGSupport.NEVER, "piecewise"),
-        ("full", 2, AttentionCGSupport.NEVER, "none"),
-        ("full_and_piecewise", 3, AttentionCGSupport.NEVER, "piecewise"),
-        ("full_decode_only", 3, AttentionCGSupport.NEVER, "none"),
-        ("full", 3, AttentionCGSupport.ALWAYS, None),
-        ("full_and_piecewise", 3, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, None),
+        ("full", {}, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_and_piecewise"),
+        ("full", {}, AttentionCGSupport.UNIFORM_BATCH, "full_and_piecewise"),
+        ("full", {"level": 2}, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),  # no pieces
+        ("full", ONE_GRAPH, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),
+        ("full", {}, AttentionCGSupport.NEVER, "piecewise"),
+        ("full", {"level": 2}, AttentionCGSupport.NEVER, "none"),
+        ("full", ONE_GRAPH, AttentionCGSupport.NEVER, "none"),
+        ("full_and_piecewise", {}, AttentionCGSupport.NEVER, "piecewise"),
+        ("full_decode_only", {}, AttentionCGSupport.NEVER, "none"),
+        ("full", {}, AttentionCGSupport.ALWAYS, None),
+        ("full_and_piecewise", {}, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, None),
     ],
 )
 def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line(
-    mode, level, support, lowered, impl, monkeypatch
+    mode, fields, support, lowered, impl, monkeypatch
 ):
+    """The lowered mode is one the runner then builds (a piecewise mode needs pieces split at attention)."""
     monkeypatch.setattr(runner_module, "cudagraph_support", lambda device, dtype: support)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runner = make_runner(impl, "no_inductor", small_llama_config(), level=level, cudagraph_mode=mode,
-                             cudagraph_capture_sizes=[1, 2, 4])  # fmt: skip
+        runner = make_runner(impl, "no_inductor", small_llama_config(), cudagraph_mode=mode,
+                             cudagraph_capture_sizes=[1, 2, 4], **fields)  # fmt: skip
+        runner.warm_up()
     notes = [str(w.message) for w in caught if "attention declares" in str(w.message)]
     if lowered is None:
         assert runner.config.cudagraph_mode == mode and not notes

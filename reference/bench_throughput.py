@@ -74,10 +74,18 @@ def scheduling_names(text: str) -> list[str]:
 
 
 def graph_mode_names(text: str) -> list[str]:
-    """argparse type: comma-separated ``cudagraph_mode`` values (lower case, or vLLM's capitals), at least one."""
-    names = names_of(CUDAGRAPH_MODES, "cudagraph_mode")(",".join(n.strip().lower() for n in text.split(",")))
-    if not names:
-        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; choose from {', '.join(CUDAGRAPH_MODES)}")
+    """argparse type: comma-separated ``cudagraph_mode`` values (lower case, or vLLM's capitals, as
+    ``CompilationConfig.parse`` reads them), at least one, each once; returned in lower case."""
+    allowed = f"choose from {', '.join(CUDAGRAPH_MODES)} (or vLLM's capitals; comma-separated)"
+    given = [n.strip() for n in text.split(",")] if text.replace(",", "").strip() else []
+    if not given:
+        raise argparse.ArgumentTypeError(f"no mode given in {echo(text)}; {allowed}")
+    unknown = [n for n in given if not (n in CUDAGRAPH_MODES or n.isupper() and n.lower() in CUDAGRAPH_MODES)]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {echo(unknown)} in {echo(text)}; {allowed}")
+    names = [n.lower() for n in given]
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{echo(text)} names a cudagraph_mode twice")
     return names
 
 
@@ -179,8 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "a step decodes one token of every running request"
         )
     if args.cudagraph_mode is not None and "eager" in args.modes:  # every other mode takes any cudagraph_mode
-        parser.error("--cudagraph-mode applies to compiled modes, and eager runs enforce_eager (no graphs); drop eager "
-                     "from --modes or drop --cudagraph-mode")  # fmt: skip
+        parser.error("--cudagraph-mode replaces each mode's graph kind, and eager runs enforce_eager, which takes "
+                     "none; drop eager from --modes or drop --cudagraph-mode")  # fmt: skip
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
@@ -230,7 +238,9 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         speedup = r["speedup_vs_static"]
-        cells = [r["mode"], r["cudagraph_mode"], r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
+        asked, ran = r["requested_cudagraph_mode"], r["cudagraph_mode"]
+        graphs = ran if asked in (None, ran) else f"{ran} (asked: {asked})"
+        cells = [r["mode"], graphs, r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
         cells += [f"{r['requests_per_s']:.1f}", f"{r['output_tokens_per_s']:.1f}", f"{r['total_tokens_per_s']:.1f}"]
         cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}", _step_times(r["step_ms"])]
         cells += ["-" if speedup is None else f"{speedup:.2f}x", f"{r['same_tokens_as_first_mode']:.0%}"]
@@ -267,17 +277,18 @@ def main(argv: list[str] | None = None) -> None:
     "input_len" and "output_len" ([MIN, MAX]), "token_range" ([first, end) of the prompts' ids), "input_lens",
     "output_lens" (drawn, per request), "prompt_tokens", "output_tokens" (their sums)}, "engine":
     {"max_num_seqs", "max_num_batched_tokens" (the one used), "max_model_len", "enable_chunked_prefill",
-    "dtype" (the one used), "device"}, "rows": [{"mode", "cudagraph_mode" (what the engine ran: the mode's
-    own or ``--cudagraph-mode``'s, as lowered for the attention; "none" for eager), "scheduling", "startup_s"
-    (building the LLM),
+    "dtype" (the one used), "device"}, "rows": [{"mode", "requested_cudagraph_mode" (``--cudagraph-mode``'s
+    value for the row, null for the mode's own), "cudagraph_mode" (what the engine ran, after lowering what
+    the attention cannot serve; "none" for eager), "scheduling", "startup_s" (building the LLM),
     "elapsed_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s" (prompt + output),
     "output_tokens" (generated), "num_steps" (model steps run), "tokens_run" (tokens those steps fed the
     model), "step_ms" ({kind: {"count", "mean_ms"}} for the kinds ``decode``, ``mixed``, ``prefill`` that
     ran: :class:`reference.benchmark.throughput._StepClock`), "speedup_vs_static" (static's elapsed /
-    continuous's, same mode and cudagraph_mode; null on static rows or without a static row), "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first
-    mode's row of the same scheduling: :mod:`reference.benchmark.throughput` says why not across
-    schedulings)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch",
-    "commit", "date", "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.
+    continuous's, same mode and requested cudagraph_mode; null on static rows or without a static row),
+    "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first mode's row
+    of the same scheduling: :mod:`reference.benchmark.throughput` says why not across schedulings)}],
+    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
+    "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.
     Ctrl-C keeps the finished rows (printed and written; exit status 130).
     """
     args = parse_args(argv)

@@ -106,12 +106,15 @@ class CompilationConfig:
 
       The full modes need an attention that declares it can serve such steps inside a graph
       (:class:`~reference.ops.attention.AttentionCGSupport`); where it does not (CUDA in a dtype without
-      the Triton kernels), the runner downgrades the mode with one warning line, as vLLM does:
-      ``'full'`` to ``'full_and_piecewise'`` for an attention that serves decodes only, and any full
-      mode to ``'piecewise'`` (levels 0 and 3) or ``'none'`` for one that serves none.
+      the Triton kernels), the runner lowers the mode with one warning line, as vLLM does: for an
+      attention that serves decodes only, ``'full'`` to ``'full_and_piecewise'`` (``'full_decode_only'``
+      without pieces: levels 1-2 or ``splitting_ops=[]``); for one that serves none, ``'full'`` and
+      ``'full_and_piecewise'`` to ``'piecewise'`` (``'none'`` without pieces), ``'full_decode_only'`` to
+      ``'none'``.
     * ``cudagraph_capture_sizes`` [1, 2, 4, 8, 16, ... up to ``max_cudagraph_capture_size``]: token
       counts that get a CUDA graph; deduplicated and sorted. Full decode graphs are captured at the sizes
-      a decode step can have (at most the runner's ``max_num_seqs``).
+      a decode step can have (at most the runner's ``max_num_seqs``); under ``'full'``, at the sizes any
+      step can have (at most its ``max_num_batched_tokens``).
     * ``max_cudagraph_capture_size`` [512]: largest captured token count (vLLM's default maximum).
     * ``cudagraph_num_of_warmups`` [1]: eager runs of a piece at a size before that size is captured, so
       lazy initialisation (cuBLAS handles, autotuning) happens outside the graph.

@@ -58,4 +58,5 @@ def mode_of(config: CompilationConfig) -> str | None:
     if config.level != 3:
         return None
     base = "inductor" if config.use_inductor else "no_inductor"
-    return {"full_and_piecewise": f"{base}_full", "full_decode_only": None, "full": None}.get(config.cudagraph_mode, base)
+    named = {"full_and_piecewise": f"{base}_full", "full_decode_only": None, "full": None}
+    return named.get(config.cudagraph_mode, base)

@@ -150,13 +150,15 @@ def engine_config(
 
 def compile_sizes_never_run(config: CompilationConfig, max_num_tokens: int) -> list[int]:
     """The compile sizes of ``config`` at most ``max_num_tokens`` that no step runs the model at: a step runs
-    at the smallest piecewise capture size that holds it (``ModelRunner.padded_size``), so a count below a
-    capture size and not itself one is never seen. Sizes above ``max_num_tokens`` are the runner's to drop
-    (no step holds that many tokens), as it drops capture sizes there.
+    at the smallest capture size that holds it (``ModelRunner.padded_size`` with piecewise graphs; the full
+    graph's size under ``cudagraph_mode='full'``), so a count below a capture size and not itself one is never
+    seen. Sizes above ``max_num_tokens`` are the runner's to drop (no step holds that many tokens), as it drops
+    capture sizes there.
 
     vLLM refuses such sizes too (a compile size that would be padded).
     """
-    sizes = config.cudagraph_capture_sizes if config.piecewise_graphs else ()
+    padding = config.piecewise_graphs or config.full_graphs_of_every_step
+    sizes = config.cudagraph_capture_sizes if padding else ()
     captured = [s for s in sizes if s <= max_num_tokens]
     padded = [s for s in config.compile_sizes if s not in captured and any(c > s for c in captured)]
     return [s for s in padded if s <= max_num_tokens]

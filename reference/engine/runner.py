@@ -9,9 +9,9 @@ The runner is the only caller of the compiled model, and it keeps the promises C
   ``'full_and_piecewise'``); with ``'full'`` every step of at most the largest capture size does, one
   graph per size whatever the step's kind; other steps of at most the largest capture size replay
   piecewise graphs (``'piecewise'``, ``'full_and_piecewise'``); the rest run without graphs. A full mode
-  the attention cannot serve on this device and dtype is lowered first, with one warning line. The forward context carries the
-  choice (``cudagraph_runtime_mode``) and the full graph's key (``batch_descriptor``); ``last_dispatch``
-  and ``dispatch_counts`` record it per step.
+  the attention cannot serve on this device and dtype is lowered first, with one warning line. The
+  forward context carries the choice (``cudagraph_runtime_mode``) and the full graph's key
+  (``batch_descriptor``); ``last_dispatch`` and ``dispatch_counts`` record it per step.
 * A step of ``n`` tokens runs at the smallest size ``T >= n`` of its kind (padding rows ``n..T`` hold stale
   but valid token ids and positions); attention ignores padding rows, and only the real rows are read
   back. Steps are padded on a CPU too (where nothing is captured), so every device runs the same shapes
@@ -47,7 +47,7 @@ from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_b
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
-from reference.ops.attention import AttentionCGSupport, cudagraph_support
+from reference.ops.attention import ATTENTION_OP, AttentionCGSupport, cudagraph_support
 from reference.ops.attention_metadata import GraphTables, int_lists_to_device
 
 
@@ -197,9 +197,12 @@ class ModelRunner:
         self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
         self.full_sizes = self._full_sizes(config)
         self.piecewise_warm_up_sizes = tuple(s for s in self.capture_sizes if not (s == 1 and self.full_sizes))
-        skipped = [s for s in sizes if s > self.max_num_tokens]
-        if skipped and not self.capture_sizes:
-            listed = f"{list(sizes)[:8]}{'...' if len(sizes) > 8 else ''}"
+        # the sizes steps of any kind are padded to (piecewise graphs, or 'full'): past the limit, none is captured
+        padded = config.piecewise_graphs or config.full_graphs_of_every_step
+        step_sizes = config.cudagraph_capture_sizes if padded else ()
+        skipped = [s for s in step_sizes if s > self.max_num_tokens]
+        if skipped and len(skipped) == len(step_sizes):
+            listed = f"{list(step_sizes)[:8]}{'...' if len(step_sizes) > 8 else ''}"
             raise ConfigError(
                 f"cudagraph_capture_sizes {listed} all exceed max_num_batched_tokens ({self.max_num_tokens}): no "
                 "step could use a graph; lower the sizes or raise the limit"
@@ -245,11 +248,15 @@ class ModelRunner:
         a graph for this device and dtype (:func:`~reference.ops.attention.cudagraph_support`), with one warning
         line; unchanged when it can. vLLM lowers its modes for its backends the same way."""
         support = cudagraph_support(self.device, self.dtype)
-        needed = {"full": AttentionCGSupport.ALWAYS, "full_and_piecewise": AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE,
-                  "full_decode_only": AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE}.get(config.cudagraph_mode)  # fmt: skip
+        decodes = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        needed = {"full": AttentionCGSupport.ALWAYS, "full_and_piecewise": decodes, "full_decode_only": decodes}.get(
+            config.cudagraph_mode
+        )
         if needed is None or support >= needed:
             return config
-        pieces = config.level in (0, 3)  # the levels with piecewise graphs
+        # piecewise graphs need the levels that have them and a split at attention (splitting_ops=[] keeps one
+        # whole graph, which a piecewise capture would record attention in)
+        pieces = config.level in (0, 3) and (config.splitting_ops is None or ATTENTION_OP in config.splitting_ops)
         if support >= AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE:  # only 'full' asks more
             lower = "full_and_piecewise" if pieces else "full_decode_only"
         else:
@@ -269,8 +276,8 @@ class ModelRunner:
         if never:
             raise ConfigError(
                 f"compile_sizes {never} never run: a step is padded to the next capture size "
-                f"({list(self.capture_sizes)}); list capture sizes, or counts above the largest one up to "
-                "max_num_batched_tokens"
+                f"({list(self.capture_sizes or self.full_sizes)}); list capture sizes, or counts above the largest one "
+                "up to max_num_batched_tokens"
             )
 
     def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:

@@ -54,8 +54,9 @@ def cudagraph_support(device: torch.device, dtype: torch.dtype) -> AttentionCGSu
     On CUDA with Triton, in a Triton dtype: ``ALWAYS`` (a full graph of a decode step runs the decode
     kernel; of any other step, the kernels of :mod:`reference.ops.graph_attention_kernels`, which read
     every per-step value from the static :class:`~reference.ops.attention_metadata.GraphTables`). Other
-    dtypes on CUDA run the torch path, which reads host lengths: ``NEVER``. On a CPU nothing is captured;
-    it declares what CUDA would, so that a CPU run dispatches steps as the GPU does (``ALWAYS``).
+    dtypes on CUDA run the torch path, which reads host lengths: ``NEVER``. On a CPU nothing is captured
+    and it declares ``ALWAYS`` in every dtype, so that a CPU run dispatches steps as CUDA does in the Triton
+    dtypes.
     """
     if device.type != "cuda":
         return AttentionCGSupport.ALWAYS
@@ -124,10 +125,12 @@ def attention_impl(layer: "Attention", md: AttentionMetadata, q, k, v, out) -> N
 
 
 def attention_in_full_graph(layer: "Attention", tables: GraphTables, q, k, v, out) -> None:
-    """:func:`attention_impl` inside a full graph of any step (Triton on CUDA): every launch's grid and
-    arguments depend only on the graph's key, every per-step value is read from ``tables``. The cache write
-    of every real token, the decode kernel over the step's leading decodes (its padding rows left alone:
-    they are other sequences' tokens), the variable-length kernel over the other sequences."""
+    """:func:`attention_impl` inside a full graph of any step (Triton on CUDA, fp16, bf16 or fp32): every
+    launch's grid and arguments depend only on the graph's key, every per-step value is read from
+    ``tables``. The cache write of every real token, the decode kernel over the step's leading decodes (its
+    padding rows left alone: they are other sequences' tokens), the variable-length kernel over the other
+    sequences. q, out: [T, Hq * D] with T the graph's token count (``tables.num_tokens``); k, v: [T, Hkv *
+    D]; mutates ``out`` and ``layer.kv_cache``."""
     kernels = graph_attention_kernels
     kernels.write_kv_cache(k, v, layer.kv_cache, tables.slots)
     triton_kernels.decode_attention(

@@ -46,6 +46,7 @@ class GraphTables:
 
     @property
     def num_tokens(self) -> int:
+        """T, the graph's padded token count."""
         return self.slots.shape[0]
 
     @staticmethod
@@ -58,11 +59,18 @@ class GraphTables:
         query_lens: list[int], seq_lens: list[int], rows: list[int], slots: list[int], num_tokens: int, capacity: int
     ) -> list[int]:
         """A step's tables padded to ``num_tokens`` rows and ``capacity`` sequences, flat in the order
-        :meth:`from_flat` reads: slots, decode_seq_lens, decode_rows, cu_query_lens, seq_lens, rows.
+        :meth:`from_flat` reads (slots, decode_seq_lens, decode_rows, cu_query_lens, seq_lens, rows):
+        :meth:`flat_len` ints. ``query_lens``, ``seq_lens`` and ``rows``: one entry per sequence, as in
+        :class:`AttentionMetadata`; ``slots``: one per token (``AttentionMetadata.slot_mapping_list``).
 
         Raises:
-            ValueError: the step has more tokens or sequences than the graph.
+            ValueError: the step has more tokens or sequences than the graph, or lists of different lengths.
         """
+        if not len(query_lens) == len(seq_lens) == len(rows) or sum(query_lens) != len(slots):
+            raise ValueError(
+                f"query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and rows ({len(rows)}) need one entry per "
+                f"sequence and slots ({len(slots)}) one per token ({sum(query_lens)})"
+            )
         n, num_seqs = len(slots), len(rows)
         if n > num_tokens or num_seqs > capacity:
             raise ValueError(
@@ -78,7 +86,16 @@ class GraphTables:
 
     @classmethod
     def from_flat(cls, flat: torch.Tensor, num_tokens: int, capacity: int) -> "GraphTables":
-        """Views of ``flat`` (at least :meth:`flat_len` int64, laid out as :meth:`host_list` writes)."""
+        """Views of ``flat`` ([>= :meth:`flat_len`] int64, laid out as :meth:`host_list` writes).
+
+        Raises:
+            ValueError: ``flat`` is shorter than :meth:`flat_len`.
+        """
+        if flat.shape[0] < cls.flat_len(num_tokens, capacity):
+            raise ValueError(
+                f"flat: {flat.shape[0]} ints, a graph of {num_tokens} tokens and {capacity} sequences needs "
+                f"{cls.flat_len(num_tokens, capacity)}"
+            )
         s = capacity
         parts = flat[: cls.flat_len(num_tokens, s)].split([num_tokens, s, s, s + 2, s + 1, s + 1])
         return cls(*parts)

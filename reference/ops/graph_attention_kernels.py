@@ -141,7 +141,8 @@ def varlen_attention(
     written), in one launch whose grid depends only on ``num_tokens`` and the number of entries ``S``.
 
     q, out: [>= num_tokens, Hq * D] (rows may be strided views; last dim contiguous); kv_cache: [2, R, L,
-    Hkv, D]; cu_query_lens: [S + 1] int64, sequence ``s``'s queries are rows ``cu[s] .. cu[s + 1] - 1`` of q
+    Hkv, D]; S below is this launch's number of entries (a graph's ``GraphTables`` give it its capacity + 1:
+    a gap entry first); cu_query_lens: [S + 1] int64, sequence ``s``'s queries are rows ``cu[s] .. cu[s + 1] - 1`` of q
     (non-decreasing, ``cu[0] = 0``, ``cu[S] <= num_tokens``; an entry with no queries is padding);
     seq_lens, rows: [S] int64, each sequence's length after this step (0: skipped, its rows untouched) and
     its cache row. Query ``i`` of a
