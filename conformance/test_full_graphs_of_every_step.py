@@ -25,6 +25,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
 from reference.benchmark.choices import MODE_KWARGS
@@ -36,6 +38,7 @@ from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.forward_context import BatchDescriptor
 from reference.ops.attention import AttentionCGSupport
+from reference.ops.attention_metadata import AttentionMetadata, GraphTables
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor, pytest.mark.no_inductor_full]
 
@@ -170,3 +173,51 @@ def test_every_kind_of_step_replays_its_full_graph_bitwise_as_its_kernels_run_wi
     assert [(k, d) for k, d, _ in replayed] == [(k, d) for k, d, _ in plain]
     for i, ((kind, d, a), (_, _, b)) in enumerate(zip(replayed, plain)):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"step {i} ({kind}, {d.descriptor}): {m}")
+
+
+STEPS = st.lists(st.tuples(st.integers(1, 9), st.integers(0, 20)), min_size=1, max_size=6)  # (query, context)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(step=STEPS, extra_tokens=st.integers(0, 5), extra_seqs=st.integers(0, 3), first_decodes=st.integers(0, 3))
+def test_a_graphs_tables_give_each_token_to_exactly_one_kernel_and_leave_padding_alone(
+    step, extra_tokens, extra_seqs, first_decodes
+):
+    """What the CUDA kernels of a full graph read, checked where it is built (the CPU): every real token row
+    is served once, by the decode kernel if its sequence is one of the step's leading one-token sequences,
+    else by the one variable-length entry of non-zero length whose offsets hold it, with that sequence's
+    length and cache row; padding rows have slot -1 and padding entries length 0."""
+    step = [(1, c) for _, c in step[:first_decodes]] + step[first_decodes:]
+    query_lens, seq_lens = [q for q, _ in step], [q + c for q, c in step]
+    rows = list(range(len(step)))[::-1]
+    n = sum(query_lens)
+    slots = AttentionMetadata.slot_mapping_list(query_lens, seq_lens, rows, 32)
+    tokens, capacity = n + extra_tokens, len(step) + extra_seqs
+    flat = GraphTables.host_list(query_lens, seq_lens, rows, slots, tokens, capacity)
+    assert len(flat) == GraphTables.flat_len(tokens, capacity)
+    t = GraphTables.from_flat(torch.tensor(flat), tokens, capacity)
+    assert t.slots.tolist() == slots + [-1] * extra_tokens
+    served = {}  # token row -> (kernel, length, cache row)
+    for i, (length, row) in enumerate(zip(t.decode_seq_lens.tolist(), t.decode_rows.tolist())):
+        if length:
+            served[i] = ("decode", length, row)
+    cu = t.cu_query_lens.tolist()
+    assert cu[0] == 0 and cu == sorted(cu) and cu[-1] == n
+    for e, (length, row) in enumerate(zip(t.seq_lens.tolist(), t.rows.tolist())):
+        for token in range(cu[e], cu[e + 1]) if length else ():
+            assert token not in served, f"token {token} served twice"
+            served[token] = ("varlen", length, row)
+    starts = [sum(query_lens[:i]) for i in range(len(step))]
+    leading = next((i for i, q in enumerate(query_lens) if q != 1), len(query_lens))
+    expected = {starts[i] + j: ("decode" if i < leading else "varlen", seq_lens[i], rows[i])
+                for i in range(len(step)) for j in range(query_lens[i])}  # fmt: skip
+    assert served == expected
+
+
+def test_tables_for_a_step_past_the_graph_or_of_unequal_lists_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"^a step of 5 tokens in 2 sequences does not fit a graph of 4 tokens"):
+        GraphTables.host_list([2, 3], [2, 3], [0, 1], [0, 1, 32, 33, 34], 4, 2)
+    with pytest.raises(ValueError, match=r"^query_lens \(2\), seq_lens \(1\) and rows \(2\) need one entry"):
+        GraphTables.host_list([2, 3], [2], [0, 1], [0, 1, 32, 33, 34], 8, 2)
+    with pytest.raises(ValueError, match=r"^flat: 3 ints, a graph of 4 tokens and 2 sequences needs 18"):
+        GraphTables.from_flat(torch.zeros(3, dtype=torch.int64), 4, 2)
