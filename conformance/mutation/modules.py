@@ -116,6 +116,7 @@ MODULES: dict[str, Module] = {
             "conformance/test_llm_construction.py",
             "conformance/test_runner_construction.py",
             "conformance/test_full_graphs.py",
+            "conformance/test_full_graphs_of_every_step.py",
             "conformance/test_generate_batching.py",
             "conformance/test_engine_arguments.py",
             "conformance/test_requests.py",
