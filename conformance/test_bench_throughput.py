@@ -104,11 +104,11 @@ def test_each_cudagraph_mode_is_a_row_of_every_mode_and_says_what_ran(tmp_path, 
 def test_two_graph_kinds_lowered_to_one_stay_two_rows_each_against_its_own_static_row(tmp_path, capsys, monkeypatch):
     """An attention that serves decode steps only lowers 'full' to 'full_and_piecewise': the rows say what was
     asked and what ran, and each continuous row's speed-up is over the static row of the same request."""
-    from reference.engine import runner
+    from reference.engine import graph_plan
     from reference.ops.attention import AttentionCGSupport
 
     decodes_only = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-    monkeypatch.setattr(runner, "cudagraph_support", lambda device, dtype: decodes_only)
+    monkeypatch.setattr(graph_plan, "cudagraph_support", lambda device, dtype: decodes_only)
     out = tmp_path / "throughput.json"
     main([*SMALL, "--modes", "no_inductor", "--cudagraph-mode", "full_and_piecewise,full", "--output-json", str(out)])
     rows = json.loads(out.read_text())["rows"]

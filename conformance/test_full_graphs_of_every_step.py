@@ -33,7 +33,7 @@ from reference.benchmark.choices import MODE_KWARGS
 from reference.compilation import compilation_counter
 from reference.compilation.cuda_graph import WarmUpCount
 from reference.config import ConfigError
-from reference.engine import runner as runner_module
+from reference.engine import graph_plan
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.forward_context import BatchDescriptor
@@ -108,7 +108,7 @@ def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line
     mode, fields, support, lowered, impl, monkeypatch
 ):
     """The lowered mode is one the runner then builds (a piecewise mode needs pieces split at attention)."""
-    monkeypatch.setattr(runner_module, "cudagraph_support", lambda device, dtype: support)
+    monkeypatch.setattr(graph_plan, "cudagraph_support", lambda device, dtype: support)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runner = make_runner(impl, "no_inductor", small_llama_config(), cudagraph_mode=mode,

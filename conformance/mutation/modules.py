@@ -109,7 +109,7 @@ MODULES: dict[str, Module] = {
     "engine.runner": Module(
         # the step's host side and the offline engine; the CUDA-only parts (graph dispatch on the device, the
         # device-fed decode loop's stream work) are reached on a CPU only through their CPU fallbacks
-        sources=("reference/engine/runner.py", "reference/engine/llm.py"),
+        sources=("reference/engine/runner.py", "reference/engine/graph_plan.py", "reference/engine/llm.py"),
         tests=(
             "conformance/test_runner.py",
             "conformance/test_llm.py",

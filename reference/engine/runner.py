@@ -33,7 +33,6 @@ import collections
 import dataclasses
 import itertools
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,13 +40,13 @@ import torch
 from torch import nn
 
 from reference.compilation import compilation_counter, compile_model
-from reference.config import CompilationConfig, ConfigError
-from reference.engine.arguments import check_within_positions, compile_sizes_never_run
+from reference.config import CompilationConfig
+from reference.engine.arguments import check_within_positions
+from reference.engine.graph_plan import plan_graphs
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
-from reference.ops.attention import ATTENTION_OP, AttentionCGSupport, cudagraph_support
 from reference.ops.attention_metadata import GraphTables, int_lists_to_device
 
 
@@ -178,8 +177,10 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.max_num_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
-        config = self._without_compile_sizes_above_the_limit(config)
-        config = self.config = self._within_attention_support(config)
+        plan = plan_graphs(config, self.device, self.dtype, max_num_seqs, self.max_num_tokens)
+        config = self.config = plan.config
+        self.capture_sizes, self.full_sizes = plan.capture_sizes, plan.full_sizes
+        self.piecewise_warm_up_sizes = plan.piecewise_warm_up_sizes
         if compile_fn is None:  # the reference; inputs are our own static buffers, so no per-call check
             self.compiled = compile_model(model, config, check_inputs=False)
         else:
@@ -193,28 +194,6 @@ class ModelRunner:
         self.input_ids = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(buffer_len, dtype=torch.int64, device=self.device)
         self.use_cuda_graphs = config.cudagraph_mode != "none" and self.device.type == "cuda"
-        sizes = config.cudagraph_capture_sizes if config.piecewise_graphs else ()
-        self.capture_sizes = tuple(s for s in sizes if s <= self.max_num_tokens)
-        self.full_sizes = self._full_sizes(config)
-        self.piecewise_warm_up_sizes = tuple(s for s in self.capture_sizes if not (s == 1 and self.full_sizes))
-        # the sizes steps of any kind are padded to (piecewise graphs, or 'full'): past the limit, none is captured
-        padded = config.piecewise_graphs or config.full_graphs_of_every_step
-        step_sizes = config.cudagraph_capture_sizes if padded else ()
-        skipped = [s for s in step_sizes if s > self.max_num_tokens]
-        if skipped and len(skipped) == len(step_sizes):
-            listed = f"{list(step_sizes)[:8]}{'...' if len(step_sizes) > 8 else ''}"
-            raise ConfigError(
-                f"cudagraph_capture_sizes {listed} all exceed max_num_batched_tokens ({self.max_num_tokens}): no "
-                "step could use a graph; lower the sizes or raise the limit"
-            )
-        if skipped:
-            warnings.warn(
-                f"{len(skipped)} capture sizes exceed max_num_batched_tokens ({self.max_num_tokens}) and are not "
-                f"captured (no step has that many tokens): {skipped[:8]}{'...' if len(skipped) > 8 else ''}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        self._check_compile_sizes(config)
         # what full graphs read: of a decode step, lengths (row 0) and cache rows (row 1), padding has length
         # 0; of any step ('full'), the GraphTables of the largest graph, whose views serve every size
         self.full_metadata = self.graph_tables_buffer = None
@@ -227,74 +206,6 @@ class ModelRunner:
         self.startup = StartupStats()
         self.last_dispatch: StepDispatch | None = None
         self.dispatch_counts: collections.Counter[str] = collections.Counter()
-
-    def _without_compile_sizes_above_the_limit(self, config: CompilationConfig) -> CompilationConfig:
-        """``config`` without the compile sizes above ``max_num_tokens`` (no step holds that many tokens), with
-        one warning line naming them, as capture sizes there are skipped; ``'cudagraph_capture_sizes'`` may
-        have brought them in."""
-        above = [s for s in config.compile_sizes if s > self.max_num_tokens]
-        if not above:
-            return config
-        warnings.warn(
-            f"{len(above)} compile sizes exceed max_num_batched_tokens ({self.max_num_tokens}) and are not compiled "
-            f"(no step has that many tokens): {above[:8]}{'...' if len(above) > 8 else ''}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return dataclasses.replace(config, compile_sizes=[s for s in config.compile_sizes if s <= self.max_num_tokens])
-
-    def _within_attention_support(self, config: CompilationConfig) -> CompilationConfig:
-        """``config`` with a full ``cudagraph_mode`` lowered to what the attention declares it can serve inside
-        a graph for this device and dtype (:func:`~reference.ops.attention.cudagraph_support`), with one warning
-        line; unchanged when it can. vLLM lowers its modes for its backends the same way."""
-        support = cudagraph_support(self.device, self.dtype)
-        decodes = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-        needed = {"full": AttentionCGSupport.ALWAYS, "full_and_piecewise": decodes, "full_decode_only": decodes}.get(
-            config.cudagraph_mode
-        )
-        if needed is None or support >= needed:
-            return config
-        # piecewise graphs need the levels that have them and a split at attention (splitting_ops=[] keeps one
-        # whole graph, which a piecewise capture would record attention in)
-        pieces = config.level in (0, 3) and (config.splitting_ops is None or ATTENTION_OP in config.splitting_ops)
-        if support >= AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE:  # only 'full' asks more
-            lower = "full_and_piecewise" if pieces else "full_decode_only"
-        else:
-            lower = "piecewise" if pieces and config.cudagraph_mode != "full_decode_only" else "none"
-        warnings.warn(
-            f"cudagraph_mode={config.cudagraph_mode!r} runs as {lower!r}: attention declares {support.name} for "
-            f"{self.dtype} on {self.device.type} (full graphs of {'every step' if needed == 3 else 'decode steps'} "
-            f"need {needed.name})",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return dataclasses.replace(config, cudagraph_mode=lower)
-
-    def _check_compile_sizes(self, config: CompilationConfig) -> None:
-        """Every compile size is a token count some step runs the model at (:func:`compile_sizes_never_run`)."""
-        never = compile_sizes_never_run(config, self.max_num_tokens)
-        if never:
-            raise ConfigError(
-                f"compile_sizes {never} never run: a step is padded to the next capture size "
-                f"({list(self.capture_sizes or self.full_sizes)}); list capture sizes, or counts above the largest one "
-                "up to max_num_batched_tokens"
-            )
-
-    def _full_sizes(self, config: CompilationConfig) -> tuple[int, ...]:
-        if not config.full_graphs:
-            return ()
-        if config.full_graphs_of_every_step:
-            limit, what = self.max_num_tokens, f"a step (at most max_num_batched_tokens={self.max_num_tokens} tokens)"
-        else:
-            limit = min(self.max_num_seqs, self.max_num_tokens)
-            what = f"a decode step (at most max_num_seqs={self.max_num_seqs} tokens)"
-        sizes = tuple(s for s in config.cudagraph_capture_sizes if s <= limit)
-        if not sizes:
-            raise ConfigError(
-                f"cudagraph_mode={config.cudagraph_mode!r}: no capture size fits {what}, so no full graph could be "
-                "used; add smaller sizes"
-            )
-        return sizes
 
     def graph_capacity(self, num_tokens: int) -> int:
         """The sequences a full graph of any step at ``num_tokens`` tokens holds: as many as can fit."""
