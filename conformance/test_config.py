@@ -199,9 +199,11 @@ WRONG_VALUES = [
     ("cache_dir", "  ", r"^cache_dir: expected a folder path \(or '' for the default\), got '  ': a path holds no NUL "
      "character and is not only spaces$"),
     ("cache_dir", "a\0b", r"^cache_dir: expected a folder path \(or '' for the default\), got 'a\\x00b': a path"),
-    ("compile_sizes", [0], r"compile_sizes: expected a list of ints in 1\.\.65536 \(token counts\) or the string "
-     "'cudagraph_capture_sizes', got item 0"),
-    ("compile_sizes", "8", r"compile_sizes: expected a list of ints in 1\.\.65536 .*, got '8'"),
+    ("compile_sizes", [0], r"compile_sizes: expected a list whose items are ints in 1\.\.65536 \(token counts\) or "
+     r"the string 'cudagraph_capture_sizes' \(every capture size\), got item 0"),
+    ("compile_sizes", "8", r"compile_sizes: expected a list whose items are ints in 1\.\.65536 .*, got '8'$"),
+    ("compile_sizes", "cudagraph_capture_sizes", r"compile_sizes: expected a list .*, got 'cudagraph_capture_sizes'; "
+     r"write \['cudagraph_capture_sizes'\]$"),
     ("compile_sizes", [True], r"compile_sizes: expected .*, got item True"),
     ("compile_sizes", [65537], r"compile_sizes: expected .*, got item 65537"),
     ("compile_sizes", ["all"], r"compile_sizes: expected .*, got item 'all'"),

@@ -220,9 +220,13 @@ class CompilationConfig:
 
     def _resolve_compile_sizes(self) -> None:
         sizes = () if self.compile_sizes is None else self.compile_sizes
-        allowed = f"a list of ints in 1..{MAX_CAPTURE_SIZE} (token counts) or the string 'cudagraph_capture_sizes'"
+        allowed = (
+            f"a list whose items are ints in 1..{MAX_CAPTURE_SIZE} (token counts) or the string "
+            "'cudagraph_capture_sizes' (every capture size)"
+        )
         if not isinstance(sizes, (list, tuple)):
-            raise ConfigError(f"compile_sizes: expected {allowed}, got {echo(sizes)}")
+            hint = "; write ['cudagraph_capture_sizes']" if sizes == "cudagraph_capture_sizes" else ""
+            raise ConfigError(f"compile_sizes: expected {allowed}, got {echo(sizes)}{hint}")
         resolved: set[int] = set()
         for size in sizes:
             if size == "cudagraph_capture_sizes":
