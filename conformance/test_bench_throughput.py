@@ -81,7 +81,54 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert printed[0].startswith("llama-tiny on cpu") and "7 requests" in printed[0]
     table = [line for line in printed if line.startswith("| eager | none |")]
     assert [line.split(" | ")[2] for line in table] == ["continuous", "static"]
-    assert table[0].split(" | ")[11] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[11] == "-"
+    assert table[0].split(" | ")[12] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[12] == "-"
+    assert [line.split(" | ")[11] for line in table] == ["-", "-"]  # no floor on a CPU
+    assert doc["bandwidth_Bps"] is None and all(row["decode_floor"]["x_floor"] is None for row in doc["rows"])
+
+
+@pytest.mark.eager
+def test_a_decode_steps_floor_counts_the_weights_and_the_kv_cache_it_reads_and_writes(tmp_path, capsys, monkeypatch):
+    """Three requests of 5 prompt tokens and 4 generated ones in one batch: a prefill step, then decode steps
+    feeding tokens 1-3 at contexts 5, 6 and 7 (token 4 is sampled by the last and never fed). Each reads its
+    contexts' keys and values and writes one token's per sequence: 3 x (5 + 1), 3 x (6 + 1), 3 x (7 + 1)
+    tokens, 21 on average, at 2 x layers x Hkv x D float32 elements a token (the model's config, not the
+    code's count). A bandwidth of 1e9 B/s stands in for a GPU's, so the floor's arithmetic is checked."""
+    from reference.benchmark.floor import Bandwidth
+    from reference.models import registry
+
+    monkeypatch.setattr(throughput, "floor_bandwidth", lambda device: Bandwidth(1e9, "a stand-in", 1e9))
+    out = tmp_path / "throughput.json"
+    main(["--model", "llama-tiny", "--num-prompts", "3", "--input-len", "5", "--output-len", "4", "--max-num-seqs",
+          "3", "--device", "cpu", "--modes", "eager", "--output-json", str(out)])  # fmt: skip
+    doc = json.loads(out.read_text())
+    c = registry.model_config("llama-tiny").get_text_config()
+    assert not c.tie_word_embeddings  # so the LM head is streamed and the embedding table only gathered
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    q_o = 2 * c.hidden_size * c.num_attention_heads * c.head_dim
+    k_v = 2 * c.hidden_size * c.num_key_value_heads * c.head_dim
+    layer = q_o + k_v + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size  # + its two norms
+    weights = 4 * (c.num_hidden_layers * layer + c.hidden_size + c.vocab_size * c.hidden_size)  # final norm, head
+    assert (doc["kv_bytes_per_token"], doc["weight_bytes_per_decode_step"]) == (per_token, weights)
+    for row in doc["rows"]:
+        assert row["step_ms"]["decode"]["count"] == 3, row["step_ms"]
+        floor = row["decode_floor"]
+        assert (floor["seqs_per_step"], floor["kv_bytes_per_step"]) == (3, 21 * per_token)
+        assert floor["bytes_per_step"] == weights + 21 * per_token
+        assert floor["floor_ms"] == pytest.approx(floor["bytes_per_step"] / 1e9 * 1e3)
+        assert floor["x_floor"] == pytest.approx(row["step_ms"]["decode"]["mean_ms"] / floor["floor_ms"])
+    printed = capsys.readouterr().out
+    first = doc["rows"][0]["decode_floor"]
+    cell = f"{first['x_floor']:.2f} (floor {first['floor_ms']:.2f} ms)"
+    assert f"| {cell} |" in printed
+    assert f"{per_token:,} B a token) / 1.000e+09 B/s" in printed
+
+
+@pytest.mark.eager
+def test_a_run_without_a_decode_step_has_no_decode_floor(tmp_path):
+    """One generated token per request: the prefill samples it and no decode step runs."""
+    doc = _run(tmp_path, "--output-len", "1", "--scheduling", "static")
+    assert [row["decode_floor"] for row in doc["rows"]] == [None]
+    assert "decode" not in doc["rows"][0]["step_ms"]
 
 
 @pytest.mark.no_inductor
@@ -274,10 +321,10 @@ def test_a_kv_cache_beyond_memory_is_one_line_naming_the_limits(capsys):
 def test_ctrl_c_keeps_the_rows_that_finished(tmp_path, capsys, monkeypatch):
     timed = throughput._time_generate
 
-    def interrupted_on_static(llm, workload, params):
+    def interrupted_on_static(llm, *args):
         if llm.llm_engine.scheduler.static:
             raise KeyboardInterrupt
-        return timed(llm, workload, params)
+        return timed(llm, *args)
 
     monkeypatch.setattr(throughput, "_time_generate", interrupted_on_static)
     with pytest.raises(SystemExit) as exit_info:

@@ -229,11 +229,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as a markdown table: throughput, steps, the speed-up over static batching, token agreement."""
+    """The rows as a markdown table: throughput, steps, the decode steps' multiple of their floor, the speed-up
+    over static batching, token agreement."""
     first = rows[0]["mode"]
     head = ["mode", "cudagraph_mode", "scheduling", "start-up s", "elapsed s", "req/s", "output tok/s", "total tok/s"]
     head += ["steps"]
-    head += ["tokens/step", "decode / mixed / prefill step ms (count)", "vs static"]
+    head += ["tokens/step", "decode / mixed / prefill step ms (count)", "decode x floor", "vs static"]
     head += [f"same tokens as {first} (same scheduling)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -243,6 +244,7 @@ def table(rows: list[dict]) -> str:
         cells = [r["mode"], graphs, r["scheduling"], f"{r['startup_s']:.2f}", f"{r['elapsed_s']:.3f}"]
         cells += [f"{r['requests_per_s']:.1f}", f"{r['output_tokens_per_s']:.1f}", f"{r['total_tokens_per_s']:.1f}"]
         cells += [str(r["num_steps"]), f"{r['tokens_run'] / r['num_steps']:.1f}", _step_times(r["step_ms"])]
+        cells += [_x_floor(r["decode_floor"])]
         cells += ["-" if speedup is None else f"{speedup:.2f}x", f"{r['same_tokens_as_first_mode']:.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -253,6 +255,12 @@ def _step_times(step_ms: dict[str, dict[str, float]]) -> str:
     return " / ".join(
         f"{step_ms[k]['mean_ms']:.2f} ({step_ms[k]['count']})" if k in step_ms else "-" for k in kinds
     )
+
+
+def _x_floor(floor: dict | None) -> str:
+    if floor is None or floor["x_floor"] is None:  # no decode step, or no bandwidth (a CPU)
+        return "-"
+    return f"{floor['x_floor']:.2f} (floor {floor['floor_ms']:.2f} ms)"
 
 
 def header(doc: dict) -> str:
@@ -267,6 +275,13 @@ def header(doc: dict) -> str:
     )
     if not env["gpu"] and any(m != "eager" for m in {r["mode"] for r in doc["rows"]}):
         line += "\nnote: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them"
+    if doc["bandwidth_Bps"] is None:
+        line += "\nnote: no floor on a CPU (the floor divides a decode step's bytes by a GPU's bandwidth)"
+    else:
+        line += (
+            f"\nfloor of a decode step: (weights {doc['weight_bytes_per_decode_step'] / 1e9:.2f} GB + the KV cache "
+            f"read and written, {doc['kv_bytes_per_token']:,} B a token) / {doc['bandwidth_Bps']:.3e} B/s"
+        )
     return line
 
 
@@ -286,7 +301,11 @@ def main(argv: list[str] | None = None) -> None:
     ran: :class:`reference.benchmark.throughput._StepClock`), "speedup_vs_static" (static's elapsed /
     continuous's, same mode and requested cudagraph_mode; null on static rows or without a static row),
     "same_tokens_as_first_mode" (the fraction of requests whose tokens equal those of the first mode's row
-    of the same scheduling: :mod:`reference.benchmark.throughput` says why not across schedulings)}],
+    of the same scheduling: :mod:`reference.benchmark.throughput` says why not across schedulings),
+    "decode_floor" (null when no decode step ran, else {"seqs_per_step", "bytes_per_step", "kv_bytes_per_step"
+    (means over the decode steps), "floor_ms", "x_floor" (null on a CPU)}: :mod:`reference.benchmark.throughput`)}],
+    "weight_bytes_per_decode_step", "kv_bytes_per_token", "bandwidth_Bps" and "bandwidth_method" (the floor's
+    figures; the last two null on a CPU),
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
     "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.
     Ctrl-C keeps the finished rows (printed and written; exit status 130).

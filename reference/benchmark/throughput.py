@@ -13,6 +13,14 @@ rounding (conformance/test_generate_batching.py), enough to flip a greedy near-t
 eager and the Inductor-free modes then agree on every request; on a GPU in bfloat16 a step padded to a
 capture size multiplies matrices of another shape, and random weights, whose best logits lie close,
 can part most requests somewhere along their tokens, so there the column is a hint, not a check.
+
+The floor of a decode step (every running sequence fed one token) is the bytes it must move over the memory
+bandwidth (:mod:`reference.benchmark.floor`): every weight read once (:func:`weight_bytes_per_decode_step`),
+the keys and values of every sequence's cached context read once, and the new token's written once
+(:func:`kv_bytes_per_token` each); the embedding rows gathered and the logits written are left out (a few
+MB at most). Under continuous batching the contexts grow to hundreds of tokens, so the KV cache, not the
+weights, is most of a step's bytes: a floor of weights alone would flatter a long run. A row's
+``decode_floor`` compares the decode steps' mean time with their mean floor.
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ from typing import Any
 import torch
 
 from reference.benchmark.choices import mode_kwargs
+from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.latency import NO_GRAPHS_WARNING
 from reference.benchmark.machine import benchmark_threads, machine_info, source_commit
 from reference.benchmark.timing import release, sync
+from reference.engine.kv_cache import kv_bytes_per_token
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
+from reference.models.weights import weight_bytes_per_decode_step
 
 # token ids below this are left out of prompts: 0-2 are pad / unk, BOS and EOS in the tiny presets and
 # SentencePiece vocabularies (elsewhere they are ordinary tokens, and leaving them out costs nothing)
@@ -98,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     vocab = registry.model_config(args.model).get_text_config().vocab_size
+    bandwidth = floor_bandwidth(device)  # before any weights: the probe's 2 GiB are freed again
     workload = draw_workload(args.seed, args.num_prompts, args.input_len, args.output_len, vocab)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
     rows: list[dict[str, Any]] = []
@@ -113,7 +125,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             llm = _build_llm(args, device, owner, scheduling, **mode_kwargs(mode, overrides))
             startup_s = time.perf_counter() - start
             owner = owner or llm
-            row, tokens = _time_generate(llm, workload, params)
+            row, tokens = _time_generate(llm, workload, params, bandwidth)
             first = first_tokens.setdefault(scheduling, tokens)
             agree = sum(a == b for a, b in zip(tokens, first)) / len(tokens)
             ran = llm.runner.config.cudagraph_mode  # after any lowering for the attention
@@ -154,6 +166,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "dtype": str(owner.dtype).removeprefix("torch."),
             "device": str(owner.device),
         },
+        "weight_bytes_per_decode_step": weight_bytes_per_decode_step(owner.model),
+        "kv_bytes_per_token": kv_bytes_per_token(list(owner.runner.attention_layers.values()), owner.dtype),
+        "bandwidth_Bps": bandwidth.bytes_per_s if bandwidth else None,
+        "bandwidth_method": bandwidth.source if bandwidth else None,
         "rows": rows,
         **({"interrupted": interrupted} if interrupted else {}),
         "env": {
@@ -188,14 +204,18 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
         )
 
 
-def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -> tuple[dict, list[list[int]]]:
+def _time_generate(
+    llm: LLM, workload: Workload, params: list[SamplingParams], bandwidth: Bandwidth | None
+) -> tuple[dict, list[list[int]]]:
     """The warm-up, then the timed ``generate`` of the whole workload with its steps counted; the row's
-    measured fields and the tokens each request generated."""
+    measured fields and the tokens each request generated. ``bandwidth``: the floor's (None: no floor)."""
     warmup = slice(0, WARMUP_REQUESTS)
     warmup_params = [SamplingParams(temperature=0, max_tokens=min(p.max_tokens, WARMUP_MAX_TOKENS), ignore_eos=True)
                      for p in params[warmup]]  # fmt: skip
     runner, counts = llm.runner, {"steps": 0, "tokens": 0}
     clock = _StepClock(llm.device)
+    weight_bytes = weight_bytes_per_decode_step(llm.model)
+    kv_token_bytes = kv_bytes_per_token(list(runner.attention_layers.values()), runner.dtype)
 
     def counted_step(new_tokens, context_lens, rows, fed=None):
         counts["steps"] += 1
@@ -203,7 +223,10 @@ def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -
         num_fed = len(new_tokens) if isinstance(new_tokens, torch.Tensor) else 0 if fed is None else len(fed)
         counts["tokens"] += host + (0 if fed is None else len(fed))  # shapes only: no wait for the device
         logits = type(runner).step(runner, new_tokens, context_lens, rows, fed=fed)
-        clock.mark("decode" if num_fed == len(rows) else "mixed" if num_fed else "prefill")
+        if num_fed == len(rows):  # contexts read, one new token per sequence written
+            clock.mark("decode", seqs=len(rows), kv_bytes=(sum(context_lens) + len(rows)) * kv_token_bytes)
+        else:
+            clock.mark("mixed" if num_fed else "prefill")
         return logits
 
     with warnings.catch_warnings():
@@ -231,8 +254,29 @@ def _time_generate(llm: LLM, workload: Workload, params: list[SamplingParams]) -
         "num_steps": counts["steps"],
         "tokens_run": counts["tokens"],
         "step_ms": clock.mean_ms(),
+        "decode_floor": _decode_floor(clock, weight_bytes, bandwidth),
     }
     return row, tokens
+
+
+def _decode_floor(clock: _StepClock, weight_bytes: int, bandwidth: Bandwidth | None) -> dict[str, Any] | None:
+    """The decode steps' floor (module doc): ``{"seqs_per_step"``, ``"bytes_per_step"``,
+    ``"kv_bytes_per_step"`` (means over the decode steps: sequences, bytes), ``"floor_ms"`` (bytes_per_step /
+    bandwidth), ``"x_floor"`` (the steps' mean time / floor_ms)}``, the last two None without a bandwidth (a
+    CPU); None when no decode step ran."""
+    kv = clock.decode_kv_bytes
+    if not kv:
+        return None
+    per_step = weight_bytes + sum(kv) / len(kv)
+    floor_ms = per_step / bandwidth.bytes_per_s * 1e3 if bandwidth else None
+    mean_ms = clock.mean_ms()["decode"]["mean_ms"]
+    return {
+        "seqs_per_step": sum(clock.decode_seqs) / len(kv),
+        "bytes_per_step": per_step,
+        "kv_bytes_per_step": sum(kv) / len(kv),
+        "floor_ms": floor_ms,
+        "x_floor": mean_ms / floor_ms if floor_ms else None,
+    }
 
 
 class _StepClock:
@@ -247,6 +291,8 @@ class _StepClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, Any]] = []
+        self.decode_seqs: list[int] = []  # per decode step: its sequences,
+        self.decode_kv_bytes: list[int] = []  # and the KV bytes its floor counts
 
     def _now(self):
         if not self.cuda:
@@ -257,9 +303,15 @@ class _StepClock:
 
     def start(self) -> None:
         self.marks = [("start", self._now())]
+        self.decode_seqs, self.decode_kv_bytes = [], []
 
-    def mark(self, kind: str) -> None:
+    def mark(self, kind: str, seqs: int = 0, kv_bytes: int = 0) -> None:
+        """A step of ``kind`` was issued; a decode step gives its sequences and the KV bytes it reads and
+        writes."""
         self.marks.append((kind, self._now()))
+        if kind == "decode":
+            self.decode_seqs.append(seqs)
+            self.decode_kv_bytes.append(kv_bytes)
 
     def mean_ms(self) -> dict[str, dict[str, float]]:
         """``{kind: {"count", "mean_ms"}}`` over the marked steps (call after the device is synchronised)."""

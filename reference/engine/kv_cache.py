@@ -11,10 +11,16 @@ from reference.config import ConfigError
 from reference.ops import Attention
 
 
-def kv_cache_bytes(layers: list[Attention], max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
-    """Bytes of every layer's cache: 2 x rows x max_model_len x Hkv x D elements of ``dtype`` each."""
+def kv_bytes_per_token(layers: list[Attention], dtype: torch.dtype) -> int:
+    """Bytes one token's keys and values take over ``layers``: 2 x Hkv x D elements of ``dtype`` per layer
+    (Llama-3.1-8B in bf16: 32 x 2 x 8 x 128 x 2 = 131,072)."""
     per_token = sum(2 * layer.num_kv_heads * layer.head_size for layer in layers)
-    return max_num_seqs * max_model_len * per_token * torch.empty((), dtype=dtype).element_size()
+    return per_token * torch.empty((), dtype=dtype).element_size()
+
+
+def kv_cache_bytes(layers: list[Attention], max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
+    """Bytes of every layer's cache: rows x max_model_len tokens of :func:`kv_bytes_per_token` each."""
+    return max_num_seqs * max_model_len * kv_bytes_per_token(layers, dtype)
 
 
 def check_fits(
