@@ -360,8 +360,8 @@ def test_a_file_without_latency_rows_is_refused_in_so_many_words(tmp_path):
     empty.write_text(json.dumps({"machine_info": {}, "commit_info": {}, "benchmarks": [], "datetime": "2026-12-01"}))
     assert read_rows(empty) == []  # a pytest-benchmark run that saved no benchmark
     proc = _report(str(empty), "--out", str(tmp_path / "out"))
-    assert (proc.returncode, proc.stderr) == (2, "python -m reference.report: error: the files hold no latency or "
-                                                 "start-up rows (see --help)\n")  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (2, "python -m reference.report: error: the files hold no latency, "
+                                                 "start-up or throughput rows (see --help)\n")  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 

@@ -1,10 +1,11 @@
 """``python -m reference.report RESULTS... --out DIR [--compare OLD NEW]``: saved results as a report.
 
 RESULTS are ``bench_latency`` JSON files (``--output-json`` / ``--results-dir``), pytest-benchmark JSON
-files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``) and ``bench_startup`` JSON files, in any mix.
-DIR gets ``report.md`` (the models x modes latency table with each floor, each mode's speed-up over each peer,
-start-up and graph memory, each mode's cold and warm start, the files it came from) and ``latency.png`` (a
-chart of the same latencies, the floors drawn; none for start-up files alone).
+files of perf/ (``--benchmark-autosave`` / ``--benchmark-json``), ``bench_startup`` and ``bench_throughput``
+JSON files, in any mix. DIR gets ``report.md`` (the models x modes latency table with each floor, each mode's
+speed-up over each peer, start-up and graph memory, each mode's cold and warm start, each workload's
+throughput per mode and scheduling, the files it came from) and ``latency.png`` (a chart of the same
+latencies, the floors drawn; none without latency files).
 Where several files time the same model, measure and mode, the newest run is used. ``--compare OLD NEW``
 prints the change per row from the results file OLD to NEW, in percent, instead.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from reference.benchmark.cli import OneLineParser
 from reference.benchmark.results import ResultsError, newest, read_rows
 from reference.benchmark.startup_results import cold_warm_table, newest_starts, read_startup_rows
+from reference.benchmark.throughput_results import newest_throughputs, read_throughput_rows, throughput_table
 from reference.benchmark.summary import (
     IQR_WARNING,
     comparison_table,
@@ -59,18 +61,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(comparison_table(old, new))
             return 0
-        every_row, every_start = [], []
+        every_row, every_start, every_throughput = [], [], []
         for path in args.results:
-            starts = read_startup_rows(path)
-            if starts is None:
-                every_row += read_rows(path)
-            else:
+            throughputs = read_throughput_rows(path)
+            starts = None if throughputs is not None else read_startup_rows(path)
+            if throughputs is not None:
+                every_throughput += throughputs
+            elif starts is not None:
                 every_start += starts
-        rows, starts = newest(every_row), newest_starts(every_start)
+            else:
+                every_row += read_rows(path)
+        rows, starts, throughputs = newest(every_row), newest_starts(every_start), newest_throughputs(every_throughput)
     except ResultsError as err:
         parser.error(str(err))
-    if not rows and not starts:
-        parser.error("the files hold no latency or start-up rows")
+    if not rows and not starts and not throughputs:
+        parser.error("the files hold no latency, start-up or throughput rows")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a file of that name, or no permission
@@ -78,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from reference.benchmark.chart import latency_chart  # matplotlib only when a chart is drawn
     from reference.benchmark.report import write_whole
 
-    sections = ["# Latency by model and mode"] if rows else ["# Start-up by model and mode"]
+    title = "Latency" if rows else "Start-up" if starts else "Throughput"
+    sections = [f"# {title} by model and mode"]
     chart = None
     if rows:
         try:
@@ -107,9 +113,19 @@ def main(argv: list[str] | None = None) -> int:
             "process; cold with every compiler cache empty, warm with what the cold start left.",
             cold_warm_table(starts),
         ]
+    if throughputs:
+        sections += [
+            "## Throughput",
+            "`python -m reference.bench_throughput`: one `generate` of the workload's requests per row; continuous "
+            "batching with chunked prefill against static batches ('vs static': static's time / the row's, same "
+            "mode and graph kind asked); each kind of step's mean time; the decode steps' multiple of their floor "
+            "(the weights and the KV cache they read and write / bandwidth). `-`: not measured (a CPU, or a file "
+            "older than the field).",
+            throughput_table(throughputs),
+        ]
     sections += [
         "## From",
-        sources([*rows, *starts]),
+        sources([*rows, *starts, *throughputs]),
         f"Written by `python -m reference.report {' '.join(str(p) for p in args.results)} --out {args.out}`.",
     ]
     text = "\n\n".join(sections)

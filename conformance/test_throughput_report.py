@@ -1,0 +1,146 @@
+"""``python -m reference.report`` over ``bench_throughput`` files: one table per workload, each row's throughput,
+speed-up over static batching, step times and decode floor, the newest run of a row kept.
+
+The inputs are the committed H200 runs in perf/results and a CPU run made here; expected cells are computed
+from the files' own numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reference.bench_throughput import main as throughput_main
+from reference.benchmark.results import ResultsError
+from reference.benchmark.startup_results import read_startup_rows
+from reference.benchmark.throughput_results import newest_throughputs, read_throughput_rows, throughput_table
+from reference.report import main as report_main
+
+ROOT = Path(__file__).resolve().parents[1]
+# issue 23's workload at a budget of 8192 (continuous and static) and of 512 ('full' against
+# 'full_and_piecewise', written before the rows recorded the graph kind asked for)
+BUDGET_8192 = ROOT / "perf/results/throughput-llama-3.1-8b-h200-20261204-d6d2ea4.json"
+BUDGET_512 = ROOT / "perf/results/throughput-llama-3.1-8b-h200-20261204-full.json"
+STARTUP = ROOT / "perf/results/startup-llama-3.1-8b-h200-20261203.json"
+LATENCY = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
+
+pytestmark = pytest.mark.requires("components")
+
+
+def _report(tmp_path, *files) -> str:
+    out = tmp_path / "report"
+    assert report_main([*map(str, files), "--out", str(out)]) == 0
+    return (out / "report.md").read_text()
+
+
+def _lines(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+def test_a_throughput_file_gives_one_row_per_run_with_its_own_numbers():
+    doc = json.loads(BUDGET_8192.read_text())
+    rows = read_throughput_rows(BUDGET_8192)
+    assert [(r.mode, r.scheduling) for r in rows] == [(r["mode"], r["scheduling"]) for r in doc["rows"]]
+    for row, saved in zip(rows, doc["rows"]):
+        assert row.output_tokens_per_s == saved["output_tokens_per_s"]
+        assert row.speedup_vs_static == saved["speedup_vs_static"]
+        steps = saved["step_ms"]
+        assert (row.decode_ms, row.mixed_ms) == (steps["decode"]["mean_ms"], steps["mixed"]["mean_ms"])
+        assert row.decode_x_floor is None  # written before the bench measured the floor
+        assert (row.gpu, row.date, row.source) == ("NVIDIA H200", doc["env"]["date"], str(BUDGET_8192))
+    assert rows[0].workload == (
+        "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, bfloat16"
+    )
+    assert read_throughput_rows(STARTUP) is None and read_throughput_rows(LATENCY) is None
+    assert read_startup_rows(BUDGET_8192) is None  # nor is a throughput file a start-up file
+
+
+def test_rows_that_asked_for_no_graph_kind_are_kept_apart_by_the_kind_that_ran():
+    """The 512-token file predates ``requested_cudagraph_mode``: its two rows differ only in what ran."""
+    rows = newest_throughputs(read_throughput_rows(BUDGET_512))
+    assert [(r.requested_cudagraph_mode, r.cudagraph_mode) for r in rows] == [
+        (None, "full_and_piecewise"), (None, "full"),
+    ]  # fmt: skip
+
+
+def test_the_report_gives_each_workload_its_table_beside_the_other_sections(tmp_path):
+    pytest.importorskip("matplotlib")
+    text = _report(tmp_path, LATENCY, STARTUP, BUDGET_8192, BUDGET_512)
+    assert text.startswith("# Latency by model and mode")
+    assert text.index("## Cold and warm start") < text.index("## Throughput") < text.index("## From")
+    budget_lines = _lines(text, "512 requests, input 32:1024")
+    assert [line.split("max_num_batched_tokens ")[1] for line in budget_lines] == ["8192, bfloat16:", "512, bfloat16:"]
+    doc = json.loads(BUDGET_8192.read_text())
+    continuous = doc["rows"][0]
+    line = _lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | (not recorded) | continuous |")
+    decode, mixed = continuous["step_ms"]["decode"]["mean_ms"], continuous["step_ms"]["mixed"]["mean_ms"]
+    assert line == [
+        f"| llama-3.1-8b | NVIDIA H200 | no_inductor | (not recorded) | continuous | "
+        f"{continuous['output_tokens_per_s']:,.0f} | {continuous['speedup_vs_static']:.2f}x | {decode:.2f} | "
+        f"{mixed:.2f} | - |"
+    ]
+    assert len(_lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | full |")) == 1
+    assert f"- `{BUDGET_512}`: NVIDIA H200, torch 2.11.0+cu130" in text
+
+
+def test_throughput_files_alone_make_a_report_of_that_section_without_a_chart(tmp_path):
+    text = _report(tmp_path, BUDGET_512)
+    assert text.startswith("# Throughput by model and mode") and "## Throughput" in text
+    assert "## Cold and warm start" not in text and not (tmp_path / "report" / "latency.png").exists()
+
+
+@pytest.mark.eager
+def test_a_cpu_run_of_the_bench_is_read_back_with_what_ran_and_the_newest_run_kept(tmp_path):
+    """A run written by today's bench carries every field; a second run of the same rows replaces the first,
+    another workload is a table of its own."""
+    small = ["--model", "llama-tiny", "--num-prompts", "4", "--input-len", "3:6", "--output-len", "2:4", "--device",
+             "cpu", "--modes", "eager", "--max-num-seqs", "2"]  # fmt: skip
+    paths = [tmp_path / f"run{i}.json" for i in range(3)]
+    for path, seed in zip(paths, ("0", "0", "1")):
+        throughput_main([*small, "--seed", seed, "--output-json", str(path)])
+    docs = [json.loads(p.read_text()) for p in paths]
+    docs[1]["env"]["date"] = "2999-01-01T00:00:00+00:00"  # the later run, whatever the clock said
+    paths[1].write_text(json.dumps(docs[1]))
+    rows = newest_throughputs([r for p in paths for r in read_throughput_rows(p)])
+    kept = [(str(path), scheduling) for path in paths[1:] for scheduling in ("continuous", "static")]
+    assert [(r.source, r.scheduling) for r in rows] == kept
+    assert {(r.cudagraph_mode, r.requested_cudagraph_mode) for r in rows} == {("none", None)}
+    assert rows[0].decode_ms == docs[1]["rows"][0]["step_ms"]["decode"]["mean_ms"] > 0
+    table = throughput_table(rows)
+    assert table.count("| model | device |") == 2  # the seeds draw two workloads
+    assert "| llama-tiny | cpu | eager | none | static |" in table
+    assert table.count("| - |") >= 4  # on a CPU no floor; on static rows no speed-up
+
+
+def _spoiled(tmp_path, spoil) -> Path:
+    doc = json.loads(BUDGET_8192.read_text())
+    spoil(doc)
+    path = tmp_path / "spoiled.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    "spoil, message",
+    [
+        (lambda d: d["rows"][0].pop("scheduling"), "a throughput file without the field 'scheduling'"),
+        (lambda d: d.pop("engine"), "a throughput file without the field 'engine'"),
+        (lambda d: d["rows"][0].update(output_tokens_per_s=float("nan")), "output_tokens_per_s nan is not a finite"),
+        (lambda d: d["rows"][0].update(output_tokens_per_s=None), "output_tokens_per_s None is not a finite number"),
+        (lambda d: d["rows"][1].update(speedup_vs_static=-1), "speedup_vs_static -1 is not a finite number >= 0"),
+        (lambda d: d["rows"][0]["step_ms"]["decode"].update(mean_ms="9"), "decode mean_ms '9' is not a finite"),
+        (lambda d: d["rows"][0].update(decode_floor={"x_floor": True}), "decode_floor x_floor True is not a finite"),
+        (lambda d: d["workload"].update(input_len=7), "a throughput file with a field of the wrong type"),
+    ],
+)
+def test_a_damaged_throughput_file_is_one_line_naming_it_and_what_is_wrong(tmp_path, spoil, message, capsys):
+    path = _spoiled(tmp_path, spoil)
+    with pytest.raises(ResultsError) as err:
+        read_throughput_rows(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(path), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
