@@ -118,9 +118,40 @@ def test_a_decode_steps_floor_counts_the_weights_and_the_kv_cache_it_reads_and_w
         assert floor["x_floor"] == pytest.approx(row["step_ms"]["decode"]["mean_ms"] / floor["floor_ms"])
     printed = capsys.readouterr().out
     first = doc["rows"][0]["decode_floor"]
-    cell = f"{first['x_floor']:.2f} (floor {first['floor_ms']:.2f} ms)"
+    cell = f"{first['x_floor']:.2f} (floor {first['floor_ms']:.3g} ms)"
     assert f"| {cell} |" in printed
     assert f"{per_token:,} B a token) / 1.000e+09 B/s" in printed
+
+
+@pytest.mark.eager
+def test_a_sliding_window_layer_moves_at_most_its_window_of_keys_and_values(tmp_path, capsys, monkeypatch):
+    """gemma-3-tiny: one full-attention layer and two with a window of 4 tokens. One request of 10 prompt
+    tokens and 3 generated ones decodes at contexts 10 and 11: the full layer moves 11 and 12 tokens, each
+    windowed layer the 4 positions it attends to, twice (the config's layer types and window, not the code's)."""
+    from reference.benchmark.floor import Bandwidth
+    from reference.models import registry
+
+    monkeypatch.setattr(throughput, "floor_bandwidth", lambda device: Bandwidth(1e9, "a stand-in", 2e9))
+    out = tmp_path / "throughput.json"
+    main(["--model", "gemma-3-tiny", "--num-prompts", "1", "--input-len", "10", "--output-len", "3",
+          "--max-num-seqs", "1", "--device", "cpu", "--modes", "eager", "--scheduling", "static",
+          "--output-json", str(out)])  # fmt: skip
+    doc = json.loads(out.read_text())
+    c = registry.model_config("gemma-3-tiny").get_text_config()
+    per_layer = 2 * c.num_key_value_heads * c.head_dim * 4
+    full, windowed = (c.layer_types.count(kind) for kind in ("full_attention", "sliding_attention"))
+    assert (full, windowed, c.sliding_window) == (1, 2, 4)
+    assert doc["kv_bytes_per_token"] == 3 * per_layer and doc["kv_sliding_windows"] == [[4, 2 * per_layer]]
+    assert doc["bandwidth_measured_Bps"] == 2e9 and doc["bandwidth_Bps"] == 1e9
+    moved = (11 + 12) * full * per_layer + (4 + 4) * windowed * per_layer
+    assert doc["rows"][0]["decode_floor"]["kv_bytes_per_step"] == moved / 2
+    assert f"of which {2 * per_layer:,} B in layers that read at most the last 4 tokens" in capsys.readouterr().out
+
+
+def test_a_decode_steps_kv_bytes_count_each_window_apart():
+    """Contexts 0, 3 and 9 under a window of 4: 1, 4 and 4 tokens; without a window: 1, 4 and 10."""
+    assert throughput.decode_kv_bytes([0, 3, 9], {None: 10, 4: 1000}) == 15 * 10 + 9 * 1000
+    assert throughput.decode_kv_bytes([0, 3, 9], {4: 1}) == 9 and throughput.decode_kv_bytes([], {None: 7}) == 0
 
 
 @pytest.mark.eager

@@ -253,7 +253,7 @@ def test_help_names_the_program_and_says_what_each_argument_takes():
     text = " ".join(help_text.stdout.split())  # argparse wraps to the terminal's width
     assert text.startswith("usage: python -m reference.report [-h] [--out OUT] [--compare OLD NEW] [results ...]")
     assert "``python -m reference.report RESULTS... --out DIR [--compare OLD NEW]``: saved results as a report." in text
-    for fragment in ("results bench_latency or pytest-benchmark JSON files",
+    for fragment in ("results bench_latency, pytest-benchmark, bench_startup or bench_throughput JSON",
                      "--out OUT folder for report.md and latency.png (created if missing)",
                      "--compare OLD NEW print the change per row"):  # fmt: skip
         assert fragment in text, fragment
@@ -476,3 +476,25 @@ def test_a_start_up_file_with_a_mode_missing_its_warm_start_is_one_line_naming_i
     proc = _report(str(broken), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"{broken}: mode 'inductor' has starts ['cold']; expected cold and warm" in proc.stderr
+
+
+def test_the_newest_latency_and_start_up_rows_are_the_later_instants_whatever_the_time_zone():
+    """bench_latency and bench_startup record local time with its offset: 20:00 at UTC-5 ran after 23:00 UTC."""
+    from reference.benchmark.startup_results import newest_starts
+
+    early, late = "2026-12-04T23:00:00+00:00", "2026-12-04T20:00:00-05:00"
+    row = read_rows(GENERATE)[0]
+    rows = [dataclasses.replace(row, date=late, latency_s=2.0), dataclasses.replace(row, date=early, latency_s=1.0)]
+    assert [r.latency_s for r in newest(rows)] == [2.0]
+    start = read_startup_rows(STARTUP_NEW)[0]
+    starts = [dataclasses.replace(start, date=late, warm_ready_s=2.0), dataclasses.replace(start, date=early)]
+    assert [r.warm_ready_s for r in newest_starts(starts)] == [2.0]
+
+
+def test_a_date_that_is_not_iso_8601_is_one_line_naming_it(tmp_path):
+    doc = json.loads(GENERATE.read_text())
+    doc["env"]["date"] = "last Tuesday"
+    path = tmp_path / "dated.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=r"date 'last Tuesday' is not an ISO 8601 date$"):
+        read_rows(path)

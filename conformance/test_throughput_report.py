@@ -51,7 +51,8 @@ def test_a_throughput_file_gives_one_row_per_run_with_its_own_numbers():
         assert row.decode_x_floor is None  # written before the bench measured the floor
         assert (row.gpu, row.date, row.source) == ("NVIDIA H200", doc["env"]["date"], str(BUDGET_8192))
     assert rows[0].workload == (
-        "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, bfloat16"
+        "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, "
+        "max_model_len 1536, chunked prefill, bfloat16"
     )
     assert read_throughput_rows(STARTUP) is None and read_throughput_rows(LATENCY) is None
     assert read_startup_rows(BUDGET_8192) is None  # nor is a throughput file a start-up file
@@ -71,7 +72,7 @@ def test_the_report_gives_each_workload_its_table_beside_the_other_sections(tmp_
     assert text.startswith("# Latency by model and mode")
     assert text.index("## Cold and warm start") < text.index("## Throughput") < text.index("## From")
     budget_lines = _lines(text, "512 requests, input 32:1024")
-    assert [line.split("max_num_batched_tokens ")[1] for line in budget_lines] == ["8192, bfloat16:", "512, bfloat16:"]
+    assert [line.split("max_num_batched_tokens ")[1].split(",")[0] for line in budget_lines] == ["8192", "512"]
     doc = json.loads(BUDGET_8192.read_text())
     continuous = doc["rows"][0]
     line = _lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | (not recorded) | continuous |")
@@ -132,7 +133,20 @@ def _spoiled(tmp_path, spoil) -> Path:
         (lambda d: d["rows"][1].update(speedup_vs_static=-1), "speedup_vs_static -1 is not a finite number >= 0"),
         (lambda d: d["rows"][0]["step_ms"]["decode"].update(mean_ms="9"), "decode mean_ms '9' is not a finite"),
         (lambda d: d["rows"][0].update(decode_floor={"x_floor": True}), "decode_floor x_floor True is not a finite"),
-        (lambda d: d["workload"].update(input_len=7), "a throughput file with a field of the wrong type"),
+        (lambda d: d["workload"].update(input_len=7), "a throughput file with a workload of the wrong shape"),
+        (lambda d: d["rows"][0].update(cudagraph_mode=5), "cudagraph_mode 5 is not a string or null"),
+        (lambda d: d["rows"][0].update(mode=None), "mode None is not a string"),
+        (lambda d: d["rows"][0].update(scheduling={"a": 1}), "scheduling {'a': 1} is not a string"),
+        (lambda d: d.update(model=None), "model None is not a string"),
+        (lambda d: d["env"].update(gpu=3), "gpu 3 is not a string or null"),
+        (lambda d: d["env"].update(torch=None), "torch None is not a string"),
+        (lambda d: d["env"].update(date=None), "date None is not an ISO 8601 date"),
+        (lambda d: d["env"].update(date="yesterday"), "date 'yesterday' is not an ISO 8601 date"),
+        (lambda d: d["rows"][0].update(step_ms=[1]), "step_ms [1] is not an object or null"),
+        (lambda d: d["rows"][0].update(decode_floor=[]), "decode_floor [] is not an object or null"),
+        (lambda d: d.update(rows={"a": 1}), "rows {'a': 1} is not a list"),
+        (lambda d: d.update(rows=["x"]), "a row 'x' is not an object"),
+        (lambda d: d.update(interrupted=1), "interrupted 1 is not a string or null"),
     ],
 )
 def test_a_damaged_throughput_file_is_one_line_naming_it_and_what_is_wrong(tmp_path, spoil, message, capsys):
@@ -140,7 +154,61 @@ def test_a_damaged_throughput_file_is_one_line_naming_it_and_what_is_wrong(tmp_p
     with pytest.raises(ResultsError) as err:
         read_throughput_rows(path)
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
+    assert str(err.value).count(str(path)) == 1, str(err.value)
     with pytest.raises(SystemExit) as exit_info:
         report_main([str(path), "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_runs_with_and_without_chunked_prefill_are_two_workloads(tmp_path):
+    """Same requests and limits, chunked prefill off in one run: two tables, neither run dropped."""
+    doc = json.loads(BUDGET_512.read_text())
+    doc["engine"]["enable_chunked_prefill"] = False
+    doc["env"]["date"] = "2999-01-01T00:00:00+00:00"
+    unchunked = tmp_path / "unchunked.json"
+    unchunked.write_text(json.dumps(doc))
+    text = _report(tmp_path, BUDGET_512, unchunked)
+    heads = _lines(text, "512 requests")
+    assert [", no chunked prefill," in line for line in heads] == [False, True]
+    assert len(_lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | full |")) == 2
+    assert f"`{unchunked}`" in text and f"`{BUDGET_512}`" in text
+
+
+def test_the_newest_run_is_the_later_instant_whatever_each_machines_time_zone(tmp_path):
+    """20:00 at UTC-5 is 01:00 UTC the next day: later than 23:00 UTC, though it sorts first as a string."""
+    paths = []
+    for name, date, speed in (("utc", "2026-12-04T23:00:00+00:00", 1.0), ("east", "2026-12-04T20:00:00-05:00", 2.0)):
+        doc = json.loads(BUDGET_512.read_text())
+        doc["env"]["date"] = date
+        doc["rows"] = doc["rows"][:1]
+        doc["rows"][0]["output_tokens_per_s"] = speed
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    for order in (paths, paths[::-1]):
+        rows = newest_throughputs([r for p in order for r in read_throughput_rows(p)])
+        assert [r.output_tokens_per_s for r in rows] == [2.0]
+
+
+def test_the_rows_of_a_run_stopped_early_are_marked_and_the_run_named(tmp_path):
+    doc = json.loads(BUDGET_8192.read_text())
+    doc["rows"] = doc["rows"][:1]
+    doc["rows"][0]["speedup_vs_static"] = None
+    doc["interrupted"] = "interrupted during no_inductor/static: 1 of 2 rows finished"
+    stopped = tmp_path / "stopped.json"
+    stopped.write_text(json.dumps(doc))
+    text = _report(tmp_path, stopped, BUDGET_512)
+    assert _lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | (not recorded) | continuous ‡ | ")
+    assert f"‡ from `{stopped}`, a run stopped early: {doc['interrupted']}" in text
+    assert text.count("‡") == 2  # the row and the line naming its run; BUDGET_512's rows are whole
+
+
+@pytest.mark.parametrize("other", [BUDGET_512, STARTUP], ids=["throughput", "startup"])
+def test_compare_takes_latency_files_only_and_says_which_kind_it_was_given(tmp_path, other, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        report_main(["--compare", str(LATENCY), str(other)])
+    kind = "bench_throughput" if other == BUDGET_512 else "bench_startup"
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"--compare takes bench_latency or pytest-benchmark files; {other} is a {kind} file (see --help)"
+    )

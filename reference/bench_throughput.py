@@ -260,7 +260,7 @@ def _step_times(step_ms: dict[str, dict[str, float]]) -> str:
 def _x_floor(floor: dict | None) -> str:
     if floor is None or floor["x_floor"] is None:  # no decode step, or no bandwidth (a CPU)
         return "-"
-    return f"{floor['x_floor']:.2f} (floor {floor['floor_ms']:.2f} ms)"
+    return f"{floor['x_floor']:.2f} (floor {floor['floor_ms']:.3g} ms)"
 
 
 def header(doc: dict) -> str:
@@ -278,9 +278,13 @@ def header(doc: dict) -> str:
     if doc["bandwidth_Bps"] is None:
         line += "\nnote: no floor on a CPU (the floor divides a decode step's bytes by a GPU's bandwidth)"
     else:
+        windows = "".join(
+            f", of which {nbytes:,} B in layers that read at most the last {window} tokens"
+            for window, nbytes in doc["kv_sliding_windows"]
+        )
         line += (
-            f"\nfloor of a decode step: (weights {doc['weight_bytes_per_decode_step'] / 1e9:.2f} GB + the KV cache "
-            f"read and written, {doc['kv_bytes_per_token']:,} B a token) / {doc['bandwidth_Bps']:.3e} B/s"
+            f"\nfloor of a decode step: (weights {doc['weight_bytes_per_decode_step'] / 1e9:.3g} GB + the KV cache "
+            f"read and written, {doc['kv_bytes_per_token']:,} B a token{windows}) / {doc['bandwidth_Bps']:.3e} B/s"
         )
     return line
 
@@ -304,8 +308,10 @@ def main(argv: list[str] | None = None) -> None:
     of the same scheduling: :mod:`reference.benchmark.throughput` says why not across schedulings),
     "decode_floor" (null when no decode step ran, else {"seqs_per_step", "bytes_per_step", "kv_bytes_per_step"
     (means over the decode steps), "floor_ms", "x_floor" (null on a CPU)}: :mod:`reference.benchmark.throughput`)}],
-    "weight_bytes_per_decode_step", "kv_bytes_per_token", "bandwidth_Bps" and "bandwidth_method" (the floor's
-    figures; the last two null on a CPU),
+    "weight_bytes_per_decode_step", "kv_bytes_per_token" (every layer's), "kv_sliding_windows" ([window,
+    bytes per token] of the layers with each sliding window), "bandwidth_Bps", "bandwidth_method" and
+    "bandwidth_measured_Bps" (the floor's figures, the last three null on a CPU:
+    :mod:`reference.benchmark.floor`),
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
     "command"}, "interrupted" (only when Ctrl-C stopped the run)}``.
     Ctrl-C keeps the finished rows (printed and written; exit status 130).

@@ -38,7 +38,9 @@ def _folder(text: str) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m reference.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="*", type=Path, help="bench_latency or pytest-benchmark JSON files")
+    parser.add_argument(
+        "results", nargs="*", type=Path, help="bench_latency, pytest-benchmark, bench_startup or bench_throughput JSON"
+    )
     parser.add_argument("--out", type=_folder, help="folder for report.md and latency.png (created if missing)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"), help="print the change per row")
     return parser
@@ -53,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give RESULTS... and --out DIR, or --compare OLD NEW")
     try:
         if args.compare:
+            for path in args.compare:  # a start-up or throughput file has no latency rows to compare
+                kind = "bench_throughput" if read_throughput_rows(path) is not None else (
+                    "bench_startup" if read_startup_rows(path) is not None else None)  # fmt: skip
+                if kind:
+                    parser.error(f"--compare takes bench_latency or pytest-benchmark files; {path} is a {kind} file")
             old, new = (newest(read_rows(p)) for p in args.compare)
             if not {r.key for r in old} & {r.key for r in new}:
                 parser.error(
@@ -117,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         sections += [
             "## Throughput",
             "`python -m reference.bench_throughput`: one `generate` of the workload's requests per row; continuous "
-            "batching with chunked prefill against static batches ('vs static': static's time / the row's, same "
-            "mode and graph kind asked); each kind of step's mean time; the decode steps' multiple of their floor "
-            "(the weights and the KV cache they read and write / bandwidth). `-`: not measured (a CPU, or a file "
-            "older than the field).",
+            "batching against static batches ('vs static': static's time / the row's, same mode and graph kind "
+            "asked); each kind of step's mean time; the decode steps' multiple of their floor (the weights and the "
+            "KV cache they read and write / bandwidth). `-`: none to give (a static row, no static row to compare "
+            "with, no step of that kind, no floor on a CPU) or not measured (a file older than the field).",
             throughput_table(throughputs),
         ]
     sections += [

@@ -7,6 +7,7 @@ several files give the same key, the newest run (by its recorded date) is kept.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from dataclasses import dataclass
@@ -167,6 +168,7 @@ def _check_row(row: Row, path: str | Path) -> None:
     for name in ("model", "measure", "mode", "date"):
         if not isinstance(getattr(row, name), str):
             raise ResultsError(f"{path}: {name} {getattr(row, name)!r} is not a string")
+    check_date(row.date, path)
     where = f"{path}: mode {row.mode!r}:"
     # the report divides by latencies and draws them on a log scale
     if not (_is_number(row.latency_s) and math.isfinite(row.latency_s) and row.latency_s > 0):
@@ -187,10 +189,30 @@ def mode_order(rows: list[Row]) -> list[str]:
     return [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
 
 
+def run_time(date: str) -> datetime.datetime:
+    """A run's recorded ISO 8601 date as an instant (one without an offset is read as UTC): runs recorded on
+    machines in different time zones compare by when they ran, not as strings.
+
+    Raises:
+        ValueError: not an ISO 8601 date.
+    """
+    when = datetime.datetime.fromisoformat(date)
+    return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+
+
+def check_date(date: object, path: str | Path) -> str:
+    """``date`` if it is an ISO 8601 date string, or ResultsError naming the file and the value."""
+    try:
+        run_time(date)
+    except (TypeError, ValueError):
+        raise ResultsError(f"{path}: date {date!r} is not an ISO 8601 date") from None
+    return date
+
+
 def newest(rows: list[Row]) -> list[Row]:
     """One row per (model, measure, mode): the newest by date (the later file on a tie), in first-seen order."""
     kept: dict[tuple[str, str, str], Row] = {}
     for row in rows:
-        if row.key not in kept or row.date >= kept[row.key].date:
+        if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
             kept[row.key] = row
     return list(kept.values())

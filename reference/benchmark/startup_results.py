@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError
+from reference.benchmark.results import ResultsError, check_date, run_time
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
             env = doc["env"]
             rows.append(
                 StartupRow(doc["model"], mode, cold, warm, None if hits is None else hits > 0, env.get("gpu"),
-                           env["torch"], env["date"], str(path))  # fmt: skip
+                           env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
             )
     except KeyError as err:
         raise ResultsError(f"{path}: a start-up file without the field {err}") from None
@@ -84,7 +84,7 @@ def newest_starts(rows: list[StartupRow]) -> list[StartupRow]:
     """One row per (model, GPU, mode): the newest by date (the later file on a tie), in first-seen order."""
     kept: dict[tuple, StartupRow] = {}
     for row in rows:
-        if row.key not in kept or row.date >= kept[row.key].date:
+        if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
             kept[row.key] = row
     return list(kept.values())
 

@@ -16,9 +16,10 @@ can part most requests somewhere along their tokens, so there the column is a hi
 
 The floor of a decode step (every running sequence fed one token) is the bytes it must move over the memory
 bandwidth (:mod:`reference.benchmark.floor`): every weight read once (:func:`weight_bytes_per_decode_step`),
-the keys and values of every sequence's cached context read once, and the new token's written once
-(:func:`kv_bytes_per_token` each); the embedding rows gathered and the logits written are left out (a few
-MB at most). Under continuous batching the contexts grow to hundreds of tokens, so the KV cache, not the
+and in each layer the keys and values of every sequence's cached context read once and the new token's
+written once; a layer with a sliding window of ``w`` tokens attends to the last ``w`` positions only (the
+new one included), so it moves at most ``w`` tokens a sequence (:func:`decode_kv_bytes`). The embedding rows
+gathered and the logits written are left out (a few MB at most). Under continuous batching the contexts grow to hundreds of tokens, so the KV cache, not the
 weights, is most of a step's bytes: a floor of weights alone would flatter a long run. A row's
 ``decode_floor`` compares the decode steps' mean time with their mean floor.
 """
@@ -43,7 +44,7 @@ from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.latency import NO_GRAPHS_WARNING
 from reference.benchmark.machine import benchmark_threads, machine_info, source_commit
 from reference.benchmark.timing import release, sync
-from reference.engine.kv_cache import kv_bytes_per_token
+from reference.engine.kv_cache import kv_bytes_per_token, kv_bytes_per_token_by_window
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
@@ -168,8 +169,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         },
         "weight_bytes_per_decode_step": weight_bytes_per_decode_step(owner.model),
         "kv_bytes_per_token": kv_bytes_per_token(list(owner.runner.attention_layers.values()), owner.dtype),
+        "kv_sliding_windows": [[window, nbytes] for window, nbytes in _by_window(owner).items() if window is not None],
         "bandwidth_Bps": bandwidth.bytes_per_s if bandwidth else None,
         "bandwidth_method": bandwidth.source if bandwidth else None,
+        "bandwidth_measured_Bps": bandwidth.measured_bytes_per_s if bandwidth else None,
         "rows": rows,
         **({"interrupted": interrupted} if interrupted else {}),
         "env": {
@@ -215,7 +218,7 @@ def _time_generate(
     runner, counts = llm.runner, {"steps": 0, "tokens": 0}
     clock = _StepClock(llm.device)
     weight_bytes = weight_bytes_per_decode_step(llm.model)
-    kv_token_bytes = kv_bytes_per_token(list(runner.attention_layers.values()), runner.dtype)
+    by_window = _by_window(llm)
 
     def counted_step(new_tokens, context_lens, rows, fed=None):
         counts["steps"] += 1
@@ -224,7 +227,7 @@ def _time_generate(
         counts["tokens"] += host + (0 if fed is None else len(fed))  # shapes only: no wait for the device
         logits = type(runner).step(runner, new_tokens, context_lens, rows, fed=fed)
         if num_fed == len(rows):  # contexts read, one new token per sequence written
-            clock.mark("decode", seqs=len(rows), kv_bytes=(sum(context_lens) + len(rows)) * kv_token_bytes)
+            clock.mark("decode", seqs=len(rows), kv_bytes=decode_kv_bytes(context_lens, by_window))
         else:
             clock.mark("mixed" if num_fed else "prefill")
         return logits
@@ -257,6 +260,25 @@ def _time_generate(
         "decode_floor": _decode_floor(clock, weight_bytes, bandwidth),
     }
     return row, tokens
+
+
+def _by_window(llm: LLM) -> dict[int | None, int]:
+    return kv_bytes_per_token_by_window(list(llm.runner.attention_layers.values()), llm.runner.dtype)
+
+
+def decode_kv_bytes(context_lens: list[int], bytes_per_token_by_window: dict[int | None, int]) -> int:
+    """Bytes of keys and values a decode step moves: for each sequence (``context_lens[i]`` tokens cached
+    before the step) its context read and its new token written, ``context + 1`` tokens in a layer without a
+    window and ``min(context + 1, window)`` in one with a sliding window (the new position and the ``window -
+    1`` before it). ``bytes_per_token_by_window``: :func:`kv_bytes_per_token_by_window`."""
+    total = 0
+    for window, per_token in bytes_per_token_by_window.items():
+        if window is None:
+            tokens = sum(context_lens) + len(context_lens)
+        else:
+            tokens = sum(min(c + 1, window) for c in context_lens)
+        total += tokens * per_token
+    return total
 
 
 def _decode_floor(clock: _StepClock, weight_bytes: int, bandwidth: Bandwidth | None) -> dict[str, Any] | None:

@@ -2,8 +2,8 @@
 each (mode, graph kind, scheduling) row's throughput over its workload, side by side.
 
 A :class:`ThroughputRow` is one row of one run. Rows are compared only within a workload: the same model,
-GPU, requests (seed, count, length ranges) and engine limits (``max_num_seqs``, ``max_num_batched_tokens``),
-which :attr:`ThroughputRow.workload` spells. Where several files give the same key, the newest run (by its
+GPU, requests (seed, count, length ranges), engine limits (``max_num_seqs``, ``max_num_batched_tokens``,
+``max_model_len``), chunked prefill on or off and dtype, which :attr:`ThroughputRow.workload` spells. Where several files give the same key, the newest run (by its
 recorded date) is kept. Files written before a field existed (the graph kind asked for, the step times, the
 decode floor) read that field as not measured.
 """
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError
+from reference.benchmark.results import ResultsError, check_date, run_time
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class ThroughputRow:
             predates step times). decode_x_floor: decode_ms / the decode steps' floor (weights and KV cache
             moved / bandwidth; None on a CPU or in older files).
         gpu (None on a CPU), torch, date (ISO), source: where and when it ran, and the file.
+        interrupted: the run's own words when Ctrl-C stopped it before its last row, else None.
     """
 
     model: str
@@ -50,6 +51,7 @@ class ThroughputRow:
     torch: str
     date: str
     source: str
+    interrupted: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -63,21 +65,47 @@ def _span(pair: list[int]) -> str:
     return str(low) if low == high else f"{low}:{high}"
 
 
-def _number(path, field: str, value, optional: bool = True) -> float | None:
-    """``value`` checked as a finite number >= 0 (or None where ``optional``)."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ResultsError(f"{path}: {field} {value!r} is not a finite number >= 0")
-    return float(value)
+class _Fields:
+    """Typed reads of one document's fields: a wrong kind is a :class:`ResultsError` naming the file, the
+    field and the value, not a traceback from a table, a sort or a hash much later."""
+
+    def __init__(self, path: str | Path):
+        self.path = path
+
+    def _wrong(self, field: str, value, kind: str) -> ResultsError:
+        return ResultsError(f"{self.path}: {field} {value!r} is not {kind}")
+
+    def number(self, field: str, value, optional: bool = True) -> float | None:
+        """``value`` as a finite number >= 0 (None allowed where ``optional``)."""
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise self._wrong(field, value, "a finite number >= 0" + " or null" * optional)
+        return float(value)
+
+    def text(self, field: str, value, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise self._wrong(field, value, "a string" + " or null" * optional)
+        return value
+
+    def table(self, field: str, value, optional: bool = False) -> dict:
+        """``value`` as a JSON object ({} for None where ``optional``)."""
+        if value is None and optional:
+            return {}
+        if not isinstance(value, dict):
+            raise self._wrong(field, value, "an object" + " or null" * optional)
+        return value
 
 
 def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
     """The rows of a ``bench_throughput`` file, or None for a file of another kind.
 
     Raises:
-        ResultsError: unreadable or not JSON, or a throughput file with a field missing, of the wrong type, or
-            a measured number that is not finite and >= 0 (one line naming the file).
+        ResultsError: unreadable or not JSON, or a throughput file with a field missing or of the wrong kind
+            (a name that is not a string, a measured number that is not finite and >= 0, a date that is not
+            ISO 8601): one line naming the file and the field.
     """
     try:
         doc = json.loads(Path(path).read_text())
@@ -85,41 +113,54 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
         raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
     if not (isinstance(doc, dict) and doc.get("benchmark") == "throughput"):
         return None
+    f = _Fields(path)
     try:
-        w, e, env = doc["workload"], doc["engine"], doc["env"]
+        w, e, env = (f.table(name, doc[name]) for name in ("workload", "engine", "env"))
+        chunked = "chunked prefill" if e["enable_chunked_prefill"] else "no chunked prefill"
         workload = (
             f"{w['num_prompts']} requests, input {_span(w['input_len'])}, output {_span(w['output_len'])}, seed "
             f"{w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens {e['max_num_batched_tokens']}, "
-            f"{e['dtype']}"
+            f"max_model_len {e['max_model_len']}, {chunked}, {e['dtype']}"
         )
+        model, gpu = f.text("model", doc["model"]), f.text("gpu", env.get("gpu"), optional=True)
+        torch, date = f.text("torch", env["torch"]), check_date(env["date"], path)
+        interrupted = f.text("interrupted", doc.get("interrupted"), optional=True)
+        if not isinstance(doc["rows"], list):
+            raise ResultsError(f"{path}: rows {doc['rows']!r} is not a list")
         rows = []
-        for r in doc["rows"]:
-            steps = r.get("step_ms") or {}
-            decode, mixed = (steps[kind]["mean_ms"] if kind in steps else None for kind in ("decode", "mixed"))
-            floor = r.get("decode_floor") or {}
+        for r in (f.table("a row", row) for row in doc["rows"]):
+            steps = f.table("step_ms", r.get("step_ms"), optional=True)
+            decode, mixed = (f.table(f"step_ms {kind}", steps[kind])["mean_ms"] if kind in steps else None
+                             for kind in ("decode", "mixed"))  # fmt: skip
+            floor = f.table("decode_floor", r.get("decode_floor"), optional=True)
             rows.append(
                 ThroughputRow(
-                    model=doc["model"],
-                    mode=r["mode"],
-                    cudagraph_mode=r.get("cudagraph_mode"),
-                    requested_cudagraph_mode=r.get("requested_cudagraph_mode"),
-                    scheduling=r["scheduling"],
+                    model=model,
+                    mode=f.text("mode", r["mode"]),
+                    cudagraph_mode=f.text("cudagraph_mode", r.get("cudagraph_mode"), optional=True),
+                    requested_cudagraph_mode=f.text(
+                        "requested_cudagraph_mode", r.get("requested_cudagraph_mode"), optional=True
+                    ),
+                    scheduling=f.text("scheduling", r["scheduling"]),
                     workload=workload,
-                    output_tokens_per_s=_number(path, "output_tokens_per_s", r["output_tokens_per_s"], False),
-                    speedup_vs_static=_number(path, "speedup_vs_static", r["speedup_vs_static"]),
-                    decode_ms=_number(path, "decode mean_ms", decode),
-                    mixed_ms=_number(path, "mixed mean_ms", mixed),
-                    decode_x_floor=_number(path, "decode_floor x_floor", floor.get("x_floor")),
-                    gpu=env.get("gpu"),
-                    torch=env["torch"],
-                    date=env["date"],
+                    output_tokens_per_s=f.number("output_tokens_per_s", r["output_tokens_per_s"], optional=False),
+                    speedup_vs_static=f.number("speedup_vs_static", r["speedup_vs_static"]),
+                    decode_ms=f.number("decode mean_ms", decode),
+                    mixed_ms=f.number("mixed mean_ms", mixed),
+                    decode_x_floor=f.number("decode_floor x_floor", floor.get("x_floor")),
+                    gpu=gpu,
+                    torch=torch,
+                    date=date,
                     source=str(path),
+                    interrupted=interrupted,
                 )
             )
     except KeyError as err:
         raise ResultsError(f"{path}: a throughput file without the field {err}") from None
-    except (TypeError, AttributeError, ValueError) as err:
-        raise ResultsError(f"{path}: a throughput file with a field of the wrong type ({err})") from None
+    except (TypeError, ValueError) as err:  # a length range that is not [MIN, MAX]
+        if isinstance(err, ResultsError):
+            raise
+        raise ResultsError(f"{path}: a throughput file with a workload of the wrong shape ({err})") from None
     return rows
 
 
@@ -128,14 +169,15 @@ def newest_throughputs(rows: list[ThroughputRow]) -> list[ThroughputRow]:
     (the later file on a tie), in first-seen order."""
     kept: dict[tuple, ThroughputRow] = {}
     for row in rows:
-        if row.key not in kept or row.date >= kept[row.key].date:
+        if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
             kept[row.key] = row
     return list(kept.values())
 
 
 def throughput_table(rows: list[ThroughputRow]) -> str:
     """One table per workload (its line over it): | model | device | mode | cudagraph_mode | scheduling |
-    output tok/s | vs static | decode step ms | mixed step ms | decode x floor |."""
+    output tok/s | vs static | decode step ms | mixed step ms | decode x floor |; ``-`` where a row has no
+    such number, ``‡`` on the rows of a run Ctrl-C stopped (a line under the table names it)."""
     def fmt(value: float | None, spec: str, suffix: str = "") -> str:
         return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -148,12 +190,17 @@ def throughput_table(rows: list[ThroughputRow]) -> str:
             "mixed step ms | decode x floor |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
+        stopped: dict[str, str] = {}  # file -> its words, for the runs Ctrl-C stopped
         for r in (r for r in rows if r.workload == workload):
             asked, ran = r.requested_cudagraph_mode, r.cudagraph_mode
             graphs = "(not recorded)" if ran is None else ran if asked in (None, ran) else f"{ran} (asked: {asked})"
-            cells = [r.model, r.gpu or "cpu", r.mode, graphs, r.scheduling, f"{r.output_tokens_per_s:,.0f}"]
+            scheduling = r.scheduling + (" ‡" if r.interrupted else "")
+            cells = [r.model, r.gpu or "cpu", r.mode, graphs, scheduling, f"{r.output_tokens_per_s:,.0f}"]
             cells += [fmt(r.speedup_vs_static, ".2f", "x"), fmt(r.decode_ms, ".2f"), fmt(r.mixed_ms, ".2f")]
             cells += [fmt(r.decode_x_floor, ".2f")]
             lines.append("| " + " | ".join(cells) + " |")
+            if r.interrupted:
+                stopped[r.source] = r.interrupted
+        lines += [""] * bool(stopped) + [f"‡ from `{src}`, a run stopped early: {why}" for src, why in stopped.items()]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

@@ -18,6 +18,15 @@ def kv_bytes_per_token(layers: list[Attention], dtype: torch.dtype) -> int:
     return per_token * torch.empty((), dtype=dtype).element_size()
 
 
+def kv_bytes_per_token_by_window(layers: list[Attention], dtype: torch.dtype) -> dict[int | None, int]:
+    """:func:`kv_bytes_per_token` of the layers of each sliding window (None: the layers that attend to their
+    whole context); Gemma 3's local layers, for one, keep a window of 1,024 tokens."""
+    windows: dict[int | None, list[Attention]] = {}
+    for layer in layers:
+        windows.setdefault(layer.sliding_window, []).append(layer)
+    return {window: kv_bytes_per_token(group, dtype) for window, group in windows.items()}
+
+
 def kv_cache_bytes(layers: list[Attention], max_num_seqs: int, max_model_len: int, dtype: torch.dtype) -> int:
     """Bytes of every layer's cache: rows x max_model_len tokens of :func:`kv_bytes_per_token` each."""
     return max_num_seqs * max_model_len * kv_bytes_per_token(layers, dtype)
