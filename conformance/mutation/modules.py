@@ -34,11 +34,17 @@ MODULES: dict[str, Module] = {
         tests=("conformance/test_results_report.py", "conformance/test_results_rules.py"),
     ),
     "benchmark.report": Module(
-        sources=("reference/benchmark/report.py", "reference/benchmark/chart.py", "reference/report.py"),
+        sources=(
+            "reference/benchmark/report.py",
+            "reference/benchmark/chart.py",
+            "reference/benchmark/throughput_results.py",
+            "reference/report.py",
+        ),
         tests=(
             "conformance/test_results_contents.py",
             "conformance/test_results_report.py",
             "conformance/test_results_rules.py",
+            "conformance/test_throughput_report.py",
         ),
     ),
     "compilation": Module(
@@ -130,6 +136,17 @@ MODULES: dict[str, Module] = {
             "conformance/test_generate_batching.py",
             "conformance/test_llm.py",
             "conformance/test_llm_construction.py",
+        ),
+    ),
+    "ops.metadata": Module(
+        # what attention reads per step, built on the host: the step metadata and a full graph's tables (their
+        # flat form, the gap entry over the decodes, the padding); the kernels that read them run on CUDA only
+        sources=("reference/ops/attention_metadata.py",),
+        tests=(
+            "conformance/test_attention_metadata.py",
+            "conformance/test_attention_masks.py",
+            "conformance/test_full_graphs_of_every_step.py",
+            "conformance/test_continuous_batching.py",
         ),
     ),
     "models.checkpoint": Module(
