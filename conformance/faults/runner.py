@@ -21,6 +21,8 @@ _real_slot_mapping = AttentionMetadata.slot_mapping_list
 _real_engine_run = LLMEngine._run
 _real_runner_step = ModelRunner.step
 _real_append = LLMEngine._append
+_real_schedule = Scheduler.schedule
+_real_finish = Scheduler.finish
 
 
 def _gathered_behind_the_padding(self, new_tokens, context_lens, rows):
@@ -149,6 +151,25 @@ def _late_token_given_to_the_next_sequence(self, requests, tokens):
     return _real_append(self, [r for r in requests if r.finish_reason is None], tokens)
 
 
+def _row_handed_out_in_its_last_step(self):
+    """A running request whose decode in this step samples its last token gives its row back before the step
+    admits new requests (it "ends this step"): a request admitted now prefills into that row, over the
+    context the last decode still reads in the same step. Its later finish does not free the row again."""
+    for r in self.running:
+        last = r.num_cached >= len(r.prompt_token_ids) and r.num_sampled + 1 == r.params.max_tokens
+        if last and r.row not in self.free_rows and not getattr(r, "_row_given_back", False):
+            r._row_given_back = True
+            self.free_rows = sorted([*self.free_rows, r.row])
+    return _real_schedule(self)
+
+
+def _finish_without_the_row_given_back(self, request):
+    if getattr(request, "_row_given_back", False):
+        self.running = [r for r in self.running if r is not request]
+    else:
+        _real_finish(self, request)
+
+
 FAULTS = [
     Fault(
         id="logits-gathered-behind-the-padding",
@@ -260,5 +281,16 @@ FAULTS = [
         "chunks follow them, so it returns every token's logits and the chunks sample from the wrong rows",
         plant=patches(mock.patch.object(ModelRunner, "step", _mixed_step_taken_for_a_decode)),
         tests="test_each_request_generates_what_it_generates_alone",
+    ),
+    Fault(
+        id="row-handed-out-in-its-last-step",
+        kind="engine",
+        description="a request whose decode samples its last token gives its KV-cache row back before the step "
+        "admits new requests, so a request admitted in that step prefills into the row its last decode reads",
+        plant=patches(
+            mock.patch.object(Scheduler, "schedule", _row_handed_out_in_its_last_step),
+            mock.patch.object(Scheduler, "finish", _finish_without_the_row_given_back),
+        ),
+        tests="each_request_generates_what_it_generates_alone",
     ),
 ]
