@@ -480,15 +480,13 @@ def test_a_start_up_file_with_a_mode_missing_its_warm_start_is_one_line_naming_i
 
 def test_the_newest_latency_and_start_up_rows_are_the_later_instants_whatever_the_time_zone():
     """bench_latency and bench_startup record local time with its offset: 20:00 at UTC-5 ran after 23:00 UTC."""
-    from reference.benchmark.startup_results import newest_starts
-
     early, late = "2026-12-04T23:00:00+00:00", "2026-12-04T20:00:00-05:00"
     row = read_rows(GENERATE)[0]
     rows = [dataclasses.replace(row, date=late, latency_s=2.0), dataclasses.replace(row, date=early, latency_s=1.0)]
     assert [r.latency_s for r in newest(rows)] == [2.0]
     start = read_startup_rows(STARTUP_NEW)[0]
     starts = [dataclasses.replace(start, date=late, warm_ready_s=2.0), dataclasses.replace(start, date=early)]
-    assert [r.warm_ready_s for r in newest_starts(starts)] == [2.0]
+    assert [r.warm_ready_s for r in newest(starts)] == [2.0]
 
 
 def test_a_date_that_is_not_iso_8601_is_one_line_naming_it(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from reference.bench_throughput import main as throughput_main
-from reference.benchmark.results import ResultsError
+from reference.benchmark.results import ResultsError, newest
 from reference.benchmark.startup_results import read_startup_rows
-from reference.benchmark.throughput_results import newest_throughputs, read_throughput_rows, throughput_table
+from reference.benchmark.throughput_results import read_throughput_rows, throughput_table
 from reference.report import main as report_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_a_throughput_file_gives_one_row_per_run_with_its_own_numbers():
 
 def test_rows_that_asked_for_no_graph_kind_are_kept_apart_by_the_kind_that_ran():
     """The 512-token file predates ``requested_cudagraph_mode``: its two rows differ only in what ran."""
-    rows = newest_throughputs(read_throughput_rows(BUDGET_512))
+    rows = newest(read_throughput_rows(BUDGET_512))
     assert [(r.requested_cudagraph_mode, r.cudagraph_mode) for r in rows] == [
         (None, "full_and_piecewise"), (None, "full"),
     ]  # fmt: skip
@@ -104,7 +104,7 @@ def test_a_cpu_run_of_the_bench_is_read_back_with_what_ran_and_the_newest_run_ke
     docs = [json.loads(p.read_text()) for p in paths]
     docs[1]["env"]["date"] = "2999-01-01T00:00:00+00:00"  # the later run, whatever the clock said
     paths[1].write_text(json.dumps(docs[1]))
-    rows = newest_throughputs([r for p in paths for r in read_throughput_rows(p)])
+    rows = newest([r for p in paths for r in read_throughput_rows(p)])
     kept = [(str(path), scheduling) for path in paths[1:] for scheduling in ("continuous", "static")]
     assert [(r.source, r.scheduling) for r in rows] == kept
     assert {(r.cudagraph_mode, r.requested_cudagraph_mode) for r in rows} == {("none", None)}
@@ -186,7 +186,7 @@ def test_the_newest_run_is_the_later_instant_whatever_each_machines_time_zone(tm
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(doc))
     for order in (paths, paths[::-1]):
-        rows = newest_throughputs([r for p in order for r in read_throughput_rows(p)])
+        rows = newest([r for p in order for r in read_throughput_rows(p)])
         assert [r.output_tokens_per_s for r in rows] == [2.0]
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from reference.benchmark.cli import OneLineParser
 from reference.benchmark.results import ResultsError, newest, read_rows
-from reference.benchmark.startup_results import cold_warm_table, newest_starts, read_startup_rows
-from reference.benchmark.throughput_results import newest_throughputs, read_throughput_rows, throughput_table
+from reference.benchmark.startup_results import cold_warm_table, read_startup_rows
+from reference.benchmark.throughput_results import read_throughput_rows, throughput_table
 from reference.benchmark.summary import (
     IQR_WARNING,
     comparison_table,
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 every_start += starts
             else:
                 every_row += read_rows(path)
-        rows, starts, throughputs = newest(every_row), newest_starts(every_start), newest_throughputs(every_throughput)
+        rows, starts, throughputs = newest(every_row), newest(every_start), newest(every_throughput)
     except ResultsError as err:
         parser.error(str(err))
     if not rows and not starts and not throughputs:

@@ -12,8 +12,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from reference.config import MODES
+
+_Dated = TypeVar("_Dated")  # a row of any results kind: it has ``key`` and ``date`` (ISO 8601)
 
 # pytest-benchmark test names in perf/test_step_latency.py -> the measure they time
 STEP_MEASURES = {
@@ -209,9 +212,10 @@ def check_date(date: object, path: str | Path) -> str:
     return date
 
 
-def newest(rows: list[Row]) -> list[Row]:
-    """One row per (model, measure, mode): the newest by date (the later file on a tie), in first-seen order."""
-    kept: dict[tuple[str, str, str], Row] = {}
+def newest(rows: list[_Dated]) -> list[_Dated]:
+    """One row per ``key`` (a latency :class:`Row`'s: model, measure, mode; a start-up or throughput row's
+    own): the newest by date (the later file on a tie), in first-seen order."""
+    kept: dict[tuple, _Dated] = {}
     for row in rows:
         if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
             kept[row.key] = row

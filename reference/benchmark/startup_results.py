@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date, run_time
+from reference.benchmark.results import ResultsError, check_date
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,6 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
         raise ResultsError(f"{path}: a start-up file with a field of the wrong type ({err})") from None
     return rows
 
-
-def newest_starts(rows: list[StartupRow]) -> list[StartupRow]:
-    """One row per (model, GPU, mode): the newest by date (the later file on a tie), in first-seen order."""
-    kept: dict[tuple, StartupRow] = {}
-    for row in rows:
-        if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
-            kept[row.key] = row
-    return list(kept.values())
 
 
 def cold_warm_table(rows: list[StartupRow]) -> str:

@@ -16,12 +16,12 @@ can part most requests somewhere along their tokens, so there the column is a hi
 
 The floor of a decode step (every running sequence fed one token) is the bytes it must move over the memory
 bandwidth (:mod:`reference.benchmark.floor`): every weight read once (:func:`weight_bytes_per_decode_step`),
-and in each layer the keys and values of every sequence's cached context read once and the new token's
-written once; a layer with a sliding window of ``w`` tokens attends to the last ``w`` positions only (the
-new one included), so it moves at most ``w`` tokens a sequence (:func:`decode_kv_bytes`). The embedding rows
-gathered and the logits written are left out (a few MB at most). Under continuous batching the contexts grow to hundreds of tokens, so the KV cache, not the
-weights, is most of a step's bytes: a floor of weights alone would flatter a long run. A row's
-``decode_floor`` compares the decode steps' mean time with their mean floor.
+and in each layer the keys and values of every sequence's cached context read once and the new token's written
+once; a layer with a sliding window of ``w`` tokens attends to the last ``w`` positions only (the new one
+included), so it moves at most ``w`` tokens a sequence (:func:`decode_kv_bytes`). The embedding rows gathered
+and the logits written are left out (a few MB at most). Under continuous batching the contexts grow to
+hundreds of tokens, so the KV cache, not the weights, is most of a step's bytes: a floor of weights alone
+would flatter a long run. A row's ``decode_floor`` compares the decode steps' mean time with their mean floor.
 """
 
 from __future__ import annotations

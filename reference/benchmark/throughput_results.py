@@ -1,11 +1,11 @@
 """Saved ``bench_throughput`` documents (``python -m reference.bench_throughput --output-json``) for the report:
 each (mode, graph kind, scheduling) row's throughput over its workload, side by side.
 
-A :class:`ThroughputRow` is one row of one run. Rows are compared only within a workload: the same model,
-GPU, requests (seed, count, length ranges), engine limits (``max_num_seqs``, ``max_num_batched_tokens``,
-``max_model_len``), chunked prefill on or off and dtype, which :attr:`ThroughputRow.workload` spells. Where several files give the same key, the newest run (by its
-recorded date) is kept. Files written before a field existed (the graph kind asked for, the step times, the
-decode floor) read that field as not measured.
+A :class:`ThroughputRow` is one row of one run. Rows are compared only within a workload: the same model, GPU,
+requests (seed, count, length ranges), engine limits (``max_num_seqs``, ``max_num_batched_tokens``,
+``max_model_len``), chunked prefill on or off and dtype, which :attr:`ThroughputRow.workload` spells. Where
+several files give the same key, the newest run (by its recorded date) is kept. Files written before a field
+existed (the graph kind asked for, the step times, the decode floor) read that field as not measured.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date, run_time
+from reference.benchmark.results import ResultsError, check_date
 
 
 @dataclass(frozen=True)
@@ -164,16 +164,6 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
     return rows
 
 
-def newest_throughputs(rows: list[ThroughputRow]) -> list[ThroughputRow]:
-    """One row per key (model, GPU, workload, mode, graph kind asked and run, scheduling): the newest by date
-    (the later file on a tie), in first-seen order."""
-    kept: dict[tuple, ThroughputRow] = {}
-    for row in rows:
-        if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):
-            kept[row.key] = row
-    return list(kept.values())
-
-
 def throughput_table(rows: list[ThroughputRow]) -> str:
     """One table per workload (its line over it): | model | device | mode | cudagraph_mode | scheduling |
     output tok/s | vs static | decode step ms | mixed step ms | decode x floor |; ``-`` where a row has no
@@ -201,6 +191,7 @@ def throughput_table(rows: list[ThroughputRow]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
             if r.interrupted:
                 stopped[r.source] = r.interrupted
-        lines += [""] * bool(stopped) + [f"‡ from `{src}`, a run stopped early: {why}" for src, why in stopped.items()]
+        notes = [f"‡ from `{src}`, a run stopped early: {why}" for src, why in stopped.items()]
+        lines += [""] * bool(notes) + notes
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
