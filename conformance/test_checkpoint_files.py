@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 
 from reference.models.safetensors_files import CheckpointError, checkpoint_files, read_header, weight_map
 
@@ -127,3 +128,66 @@ def test_tensor_data_shorter_than_the_header_says_is_refused_as_truncated(tmp_pa
 def test_bytes_after_the_last_tensor_are_refused(tmp_path):
     path = _safetensors(tmp_path / "m.safetensors", {"w": F32_PAIR}, data=bytes(11))
     assert _refused(read_header, path) == f"{path}: not a valid safetensors file: 3 bytes after the last tensor"
+
+
+def test_a_header_that_is_not_json_or_not_an_object_is_refused(tmp_path):
+    """A header of one byte is read (not taken for an empty one) and is no JSON; a JSON list is no header."""
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(struct.pack("<Q", 1) + b"{")
+    assert _refused(read_header, path).startswith(f"{path}: not a safetensors file: its header is not JSON (")
+    _safetensors(path, [1])
+    assert _refused(read_header, path) == f"{path}: not a safetensors file: its header is not a JSON object"
+
+
+def test_a_path_that_cannot_be_opened_says_why_in_words(tmp_path):
+    folder = tmp_path / "m.safetensors"
+    folder.mkdir()
+    assert _refused(read_header, folder) == f"{folder}: cannot be read (Is a directory)"
+
+
+def test_the_size_a_later_tensors_offsets_hold_is_their_difference(tmp_path):
+    second = {"dtype": "F32", "shape": [2], "data_offsets": [8, 20]}
+    path = _safetensors(tmp_path / "m.safetensors", {"a": F32_PAIR, "b": second}, data=bytes(20))
+    assert _refused(read_header, path) == (
+        f"{path}: tensor 'b': the header's dtype F32 and shape [2] make 8 bytes, but its data_offsets [8, 20] hold 12"
+    )
+
+
+def test_overlapping_tensors_are_refused_naming_where_each_starts(tmp_path):
+    overlapping = {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}
+    path = _safetensors(tmp_path / "m.safetensors", {"a": F32_PAIR, "b": overlapping}, data=bytes(12))
+    assert _refused(read_header, path) == (
+        f"{path}: tensor 'b': its data_offsets start at 4, but the tensors before it end at 8 (overlapping or with a gap)"
+    )
+
+
+def test_a_file_the_safetensors_library_cannot_read_is_one_line_naming_it(tmp_path):
+    from safetensors import safe_open
+
+    from reference.models.safetensors_files import read_safetensors
+
+    gone = tmp_path / "gone.safetensors"
+    with pytest.raises(Exception) as library:  # the library's own words, on one line
+        safe_open(gone, framework="pt")
+    words = " ".join(str(library.value).split())
+    with pytest.raises(CheckpointError) as err:
+        list(read_safetensors([gone]))
+    assert str(err.value) == f"{gone}: cannot be read: {words}" and words
+
+
+@pytest.mark.parametrize("files, disable", [(1, True), (2, None), (3, None)])
+def test_a_progress_bar_counts_the_shards_of_a_checkpoint_of_several(tmp_path, monkeypatch, files, disable):
+    """Named as transformers names it; one file gets none, several one (shown where stderr is a terminal:
+    tqdm's ``disable=None``)."""
+    from safetensors.torch import save_file
+
+    from reference.models import safetensors_files
+
+    bars = []
+    monkeypatch.setattr(safetensors_files, "tqdm", lambda iterable, **kwargs: bars.append(kwargs) or iterable)
+    paths = []
+    for i in range(files):
+        paths.append(tmp_path / f"m{i}.safetensors")
+        save_file({f"w{i}": torch.ones(2)}, paths[-1])
+    assert [name for _, name, _ in safetensors_files.read_safetensors(paths)] == [f"w{i}" for i in range(files)]
+    assert bars == [{"desc": "loading checkpoint shards", "unit": "shard", "disable": disable}]

@@ -301,3 +301,106 @@ def test_fixture_tokenizer_loads_offline_and_fits_the_vocabulary():
     assert tokenizer.unk_token_id not in ids
     assert max(ids) < config.vocab_size
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+# ---------------------------------------------------------------------- whole messages (./run mutate models.checkpoint)
+def _refused(error_type, call, *args) -> str:
+    with pytest.raises(error_type) as err:
+        call(*args)
+    return str(err.value)
+
+
+def test_load_weights_messages_are_whole_lines_without_a_file_prefix():
+    """From a stream of tensors (no file): each refusal starts at the tensor, says what is wrong, ends there."""
+    source = build()
+    expected = len(hf_state_dict(source))
+    unexpected = {**hf_state_dict(source), "model.layers.9.mlp.up_proj.weight": torch.zeros(1)}
+    assert _refused(CheckpointError, load_weights, build(seed=1), unexpected.items()) == (
+        "unexpected tensor 'model.layers.9.mlp.up_proj.weight': LlamaForCausalLM for this config has no such "
+        f"parameter (it expects {expected} tensors such as 'model.embed_tokens.weight')"
+    )
+    twice = [*hf_state_dict(source).items(), ("model.norm.weight", torch.ones(64))]
+    assert _refused(CheckpointError, load_weights, build(seed=1), twice) == "tensor 'model.norm.weight' is given twice"
+    quantized = {**hf_state_dict(source), "model.norm.weight": torch.ones(64, dtype=torch.int8)}
+    assert _refused(CheckpointError, load_weights, build(seed=1), quantized.items()) == (
+        "tensor 'model.norm.weight': dtype torch.int8 is not one of the floating-point dtypes loaded (F16, BF16, F32, "
+        "F64); quantized checkpoints are not supported"
+    )
+    missing = {n: t for n, t in hf_state_dict(source).items() if n != "model.norm.weight"}
+    assert _refused(CheckpointError, load_weights, build(seed=1), missing.items()) == (
+        "missing 1 tensor(s): model.norm.weight"
+    )
+
+
+def test_a_checkpoint_files_refusals_start_with_the_file(tmp_path):
+    """The same refusals from a directory name the file first: an unexpected tensor in it, and tied tensors
+    that differ (found only while the data is read, so named by the file being read then)."""
+    path = tmp_path / "model.safetensors"
+    tensors = {n: t.clone() for n, t in hf_state_dict(build(FIXTURE)).items()}
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, path)
+    message = _refused(CheckpointError, load_checkpoint, build(FIXTURE, seed=1), tmp_path)
+    assert message.startswith(f"{path}: unexpected tensor 'extra.weight': LlamaForCausalLM for this config "), message
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1  # tied in this config, but different
+    save_file(tensors, path)
+    assert _refused(CheckpointError, load_checkpoint, build(FIXTURE, seed=1), tmp_path).startswith(
+        f"{path}: tensor 'model.embed_tokens.weight' differs from 'lm_head.weight', but the model ties them"
+    )  # a file's tensors are read in name order
+
+
+def _llama_with(**stacked):
+    class Restacked(LlamaForCausalLM):
+        stacked_params = {**LlamaForCausalLM.stacked_params, **stacked}
+
+    return Restacked(model_config("llama-tiny"), CustomOpSelection(CompilationConfig(level=0)))
+
+
+def test_a_model_not_matching_transformers_says_which_model_and_what_differs():
+    """Bugs of a model class (its stacking, its shapes), found before any checkpoint is read: one line naming
+    the class, transformers' model type and the first tensor that does not line up."""
+    head = "Restacked does not match transformers' 'llama' model: "
+    misnamed = _llama_with(qkv_proj=("q_proj", "k_proj", "w_proj"))
+    assert _refused(RuntimeError, hf_state_dict, misnamed) == head + (
+        "model.layers.0.self_attn.qkv_proj.weight is stacked from model.layers.0.self_attn.w_proj.weight, which "
+        "transformers does not have"
+    )
+    short = _llama_with(qkv_proj=("q_proj", "k_proj"))  # 64 + 32 rows of the 128 the layer has
+    assert _refused(RuntimeError, hf_state_dict, short) == head + (
+        "model.layers.0.self_attn.qkv_proj.weight has shape (128, 64) but its parts ['q_proj', 'k_proj'] stack to "
+        "(96, 64)"
+    )
+    other_vocab = build()
+    other_vocab.config.vocab_size = 300  # transformers' model for the changed config, against ours as built
+    assert _refused(RuntimeError, hf_state_dict, other_vocab) == (
+        "LlamaForCausalLM does not match transformers' 'llama' model: model.embed_tokens.weight: ours (256, 64), "
+        "transformers (300, 64)"
+    )
+
+
+def test_transformers_tensors_with_no_place_in_our_model_are_listed_ten_at_most():
+    """Biases our model was not built with: 2 layers x (q, k, v, o + gate, up, down) = 14, the first 10 shown."""
+    model = build()
+    model.config.attention_bias = model.config.mlp_bias = True
+    names = [f"model.layers.{i}.{m}.bias" for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj")]  # fmt: skip
+    assert _refused(RuntimeError, hf_state_dict, model) == (
+        f"LlamaForCausalLM does not match transformers' 'llama' model: transformers tensors with no place in our "
+        f"model: {names[:10]}"
+    )
+
+
+def test_a_tensor_parallel_shard_loads_its_part_of_each_whole_tensor_and_is_never_saved_as_whole():
+    """Rank 1 of 2 takes transformers' whole tensors and keeps its half (o_proj splits its input columns); its
+    own state cannot be written back under transformers' names, which hold whole tensors."""
+    from reference.parallel import TensorParallel
+
+    source = build()
+    rank1 = build_model("llama-tiny", CustomOpSelection(CompilationConfig(level=0)), dtype=torch.float32, device="cpu",
+                        tensor_parallel=TensorParallel(1, 2, "unused"))  # fmt: skip
+    load_weights(rank1, hf_state_dict(source).items())
+    theirs, ours = source.model.layers[0].self_attn.o_proj.weight, rank1.model.layers[0].self_attn.o_proj.weight
+    torch.testing.assert_close(ours, theirs[:, 32:], rtol=0, atol=0)
+    assert _refused(ValueError, hf_state_dict, rank1) == (
+        "hf_state_dict: the model is one rank's shard of a tensor_parallel_size > 1 model (model.embed_tokens.weight "
+        "and others); build it with tensor_parallel_size=1"
+    )
