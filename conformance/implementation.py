@@ -59,6 +59,9 @@ CAPABILITIES = {
     "entry warns once and recompiles",
     "compile_sizes": "honours CompilationConfig.compile_sizes: each piece is compiled once more by Inductor with "
     "static shapes per listed token count, and a call at such a count runs that compile",
+    "inductor_graph_partition": "honours CompilationConfig.use_inductor_graph_partition: no FX split, Inductor "
+    "compiles the whole graph and partitions it at the splitting ops, and with piecewise graphs each partition is "
+    "captured per capture size",
     "components": "is the reference: its own config, engine, loader, sampler and kernels are tested too, and the "
     "suite's own tools (its report, markers, scheduling, faults), which need checking once, not per implementation",
 }

@@ -571,6 +571,29 @@ def test_only_fx_graph_cache_false_makes_a_config_uncachable_among_json_values()
     )
 
 
+@pytest.mark.requires("components")
+@pytest.mark.inductor
+def test_inductors_own_graph_partition_is_not_cached_yet_and_says_so_before_compiling(cache, monkeypatch):
+    """Its partitions get their CUDA-graph wrappers while an artifact loads, which an entry's loading does not
+    set up: a warm start would replay no graph. One warning, no entry, the compile goes on."""
+    from reference.compilation import compile_model
+
+    config = CompilationConfig(cache_dir=str(cache), use_inductor_graph_partition=True)
+    assert cache_key.uncachable(config) == (
+        "use_inductor_graph_partition=True: Inductor wraps its partitions in CUDA graphs as an artifact loads, which "
+        "an entry's loading does not do yet"
+    )
+    compiled = compile_model(_ReadsAGlobalTensor(), config)
+    monkeypatch.setattr(compiled, "_compiled", lambda x: x)  # the compile itself is not what is tested
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with expect_counters(num_cache_hits=0, num_cache_misses=0):
+            compiled(torch.ones(3, 64))
+    messages = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert messages == [f"compile cache: {cache_key.uncachable(config)}; this start is not cached"]
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 def _a_pass(graph):  # an Inductor pass given as a function: no JSON spelling
     return graph
 

@@ -279,6 +279,22 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
             r"levels 2-3; drop compile_sizes or use level 2 or 3 with Inductor$",
         ),
         ({"level": 0, "compile_sizes": [8], "use_inductor": False}, r"^compile_sizes is set but level=0: "),
+        (
+            {"use_inductor": False, "use_inductor_graph_partition": True},
+            r"^use_inductor_graph_partition=True needs level=3 and use_inductor=True \(Inductor partitions the graph "
+            r"it compiles whole\), got level=3, use_inductor=False; drop it or use those$",
+        ),
+        (
+            {"level": 2, "use_inductor_graph_partition": True, "cudagraph_mode": "none"},
+            r"^use_inductor_graph_partition=True needs level=3 and use_inductor=True .*, got level=2, "
+            r"use_inductor=True;",
+        ),
+        (
+            {"use_inductor_graph_partition": True, "splitting_ops": []},
+            r"^use_inductor_graph_partition=True with splitting_ops=\[\] leaves Inductor no op to partition at; drop "
+            r"one of them \(splitting_ops=None partitions at the ops tagged cudagraph_unsafe\)$",
+        ),
+        ({"use_inductor_graph_partition": 1}, r"^use_inductor_graph_partition: expected bool, got int 1$"),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
         ({"custom_ops": ["+rms_norm", "-rms_norm"]}, r"custom_ops: '\+rms_norm' and '-rms_norm' contradict each other"),
         (
@@ -304,6 +320,10 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "cache_dir_at_level1",
         "compile_sizes_at_level1",
         "compile_sizes_at_level0",
+        "graph_partition_without_inductor",
+        "graph_partition_at_level2",
+        "graph_partition_with_no_splitting_op",
+        "graph_partition_not_a_bool",
         "sizes_below_max",
         "sizes_above_max",
         "empty_sizes_with_max",
@@ -548,3 +568,6 @@ def test_enforce_eager_drops_the_settings_only_compilation_uses_and_refuses_comp
     with pytest.raises(ConfigError, match=r"^enforce_eager=True contradicts compile_sizes=\[4, 8\] \(Inductor's "
                        r"static-shape compiles\); drop one of them$"):
         CompilationConfig(compile_sizes=[8, 4]).for_eager()
+    with pytest.raises(ConfigError, match=r"^enforce_eager=True contradicts use_inductor_graph_partition=True "
+                       r"\(Inductor's partitions of a compiled graph\); drop one of them$"):
+        CompilationConfig(use_inductor_graph_partition=True).for_eager()

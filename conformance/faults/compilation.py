@@ -11,7 +11,9 @@ from reference.compilation import backend, split
 from reference.compilation import compile_piece as compile_piece_module
 from reference.compilation.compile_piece import SizeDispatch
 from reference.compilation.counters import compilation_counter
+from reference.compilation.partition_graph import PartitionGraph
 from reference.config import compilation as config_module
+from reference.forward_context import current_forward_context
 from reference.config.compilation import CompilationConfig
 
 _real_compile_piece = compile_piece_module.compile_piece
@@ -35,6 +37,21 @@ def _tagged_overloads_only(target, splitting_ops):
     if splitting_ops is not None:
         return split.op_name(target) in splitting_ops
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.cudagraph_unsafe in target.tags
+
+
+_real_partition_call = PartitionGraph.__call__
+
+
+def _partition_graphs_in_every_step(self, args):
+    """A partition's wrapper reads the step's size but not which graphs the runner sent the step to."""
+    context = current_forward_context()
+    if context is None:
+        return _real_partition_call(self, args)
+    mode, context.cudagraph_runtime_mode = context.cudagraph_runtime_mode, "PIECEWISE"
+    try:
+        return _real_partition_call(self, args)
+    finally:
+        context.cudagraph_runtime_mode = mode
 
 
 def _multiples_of_8_only(max_size):
@@ -112,5 +129,13 @@ FAULTS = [
         description="compile_sizes' static compiles are made (and counted) but every call runs the symbolic compile",
         plant=patches(mock.patch.object(backend, "_dispatch", lambda generic, static, size_args: generic)),
         tests="runs_that_sizes_compile_and_no_other_call_does",
+    ),
+    Fault(
+        id="partition-graph-ignores-the-steps-mode",
+        kind="capture",
+        description="with use_inductor_graph_partition a partition's wrapper warms up and captures in any step of a "
+        "capture size, also in steps sent to a full graph or to none",
+        plant=patches(mock.patch.object(PartitionGraph, "__call__", _partition_graphs_in_every_step)),
+        tests="a_partition_runs_as_compiled_where_no_graph_of_it_is_due",
     ),
 ]

@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_map
 from conformance.faults.fault import Fault, patches
 from reference.compilation import backend, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
+from reference.compilation.partition_graph import partition_wrappers
 from reference.compilation.stale_outputs import StaleOutputGuard
 from reference.engine import llm_engine
 from reference.engine.runner import ModelRunner
@@ -62,6 +63,11 @@ def _dispatched_unpadded(self, num_tokens, uniform_decode):
     """The step goes to graphs at its own token count, not at the capture size it is padded to."""
     dispatch = _real_dispatch(self, num_tokens, uniform_decode)
     return dispatch.__class__(num_tokens, dispatch.runtime_mode, BatchDescriptor(num_tokens, uniform_decode))
+
+
+def _partitions_as_compiled(self, on_cuda):
+    """The block Inductor compiles in installs every partition as it is, whatever the config asks."""
+    return partition_wrappers(None)
 
 
 FAULTS = [
@@ -162,6 +168,15 @@ FAULTS = [
         "debug mode does not flag the wait",
         plant=patches(mock.patch.object(llm_engine, "_copy_to_host", _copied_to_pageable_memory)),
         tests="test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_done",
+        device="cuda",
+    ),
+    Fault(
+        id="partitions-installed-without-graphs",
+        kind="capture",
+        description="with use_inductor_graph_partition Inductor's partitions are installed as compiled, without the "
+        "wrapper that captures them: no step replays a graph, and nothing but the counters says so",
+        plant=patches(mock.patch.object(backend.PiecewiseBackend, "_partition_graphs", _partitions_as_compiled)),
+        tests="test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_from_float64 and cuda",
         device="cuda",
     ),
 ]

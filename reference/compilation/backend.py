@@ -7,7 +7,9 @@ count (:mod:`.compile_piece`; with ``compile_sizes`` also once per listed count,
 ``'full_and_piecewise'``) on CUDA, wrap each compiled piece
 in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces run eagerly, calling the op's registered
 Python function directly when it has one. At levels 1 and 2 the whole graph is compiled as one piece,
-without CUDA graphs.
+without CUDA graphs. With ``use_inductor_graph_partition`` there is no FX split either: Inductor compiles the
+whole graph and partitions it at the splitting ops itself, and each of its partitions gets the per-size CUDA
+graphs (:mod:`.partition_graph`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from reference.compilation.compile_piece import SizeDispatch, compile_piece, compile_static, example_inputs
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
+from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
@@ -131,6 +134,10 @@ def _dispatch(generic: Callable, static: dict[int, Callable], size_args: tuple[i
     return SizeDispatch(generic, static, size_args) if static else generic
 
 
+def _calls_a_splitting_op(gm: torch.fx.GraphModule, splitting_ops: tuple[str, ...] | None) -> bool:
+    return any(n.op == "call_function" and is_splitting_op(n.target, splitting_ops) for n in gm.graph.nodes)
+
+
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
@@ -180,10 +187,11 @@ class PiecewiseBackend:
             )
         self._traced = True
         compilation_counter.num_graphs_seen += 1
-        splitting_ops = self.config.splitting_ops if self.config.level == 3 else ()
-        split, pieces = split_graph(gm, splitting_ops)
-        if splitting_ops != () and not any(p.is_splitting_op for p in pieces):
-            named = "ops tagged cudagraph_unsafe" if splitting_ops is None else list(splitting_ops)
+        cuts = self.config.splitting_ops if self.config.level == 3 else ()
+        # with use_inductor_graph_partition Inductor cuts the graph at them, and our split keeps one piece
+        split, pieces = split_graph(gm, () if self.config.use_inductor_graph_partition else cuts)
+        if cuts != () and not _calls_a_splitting_op(gm, cuts):
+            named = "ops tagged cudagraph_unsafe" if cuts is None else list(cuts)
             warnings.warn(
                 f"none of splitting_ops ({named}) is called in the traced graph, so the model is one "
                 "piece (attention included, if it is in the graph); splitting ops must be torch.library custom "
@@ -195,8 +203,9 @@ class PiecewiseBackend:
         if self.cache_writer is not None:  # before the pieces are installed into `split`
             self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
         self._check_pieces(pieces)
-        compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
-        static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
+        with self._partition_graphs(_on_cuda(gm)):
+            compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
+            static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
         if self.cache_writer is not None:
             self.cache_writer.compiled(compiled, static)
         compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}
@@ -242,7 +251,7 @@ class PiecewiseBackend:
         for piece in pieces:
             if not piece.is_splitting_op:
                 compilation_counter.num_piecewise_capturable_graphs_seen += 1
-            if self.config.piecewise_graphs:
+            if self.config.piecewise_graphs and not self.config.use_inductor_graph_partition:
                 (_check_writes_into_buffers if piece.is_splitting_op else _check_no_unsafe_op_captured)(piece)
 
     def _install(
@@ -276,9 +285,23 @@ class PiecewiseBackend:
             return False, None, None
         return True, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
 
+    def _partition_graphs(self, on_cuda: bool):
+        """The block in which Inductor compiles: with ``use_inductor_graph_partition`` and piecewise graphs on
+        CUDA, each partition it makes is installed in a :class:`PartitionGraph` (one pool and capture stream
+        for them all)."""
+        use_graphs, pool, stream = self._graph_settings(on_cuda)
+        if not (use_graphs and self.config.use_inductor_graph_partition):
+            return partition_wrappers(None)
+        c = self.config
+        return partition_wrappers(
+            lambda fn, index: PartitionGraph(fn, index, c.cudagraph_capture_sizes, c.cudagraph_num_of_warmups, pool,
+                                             stream, c.debug_cudagraph_addresses, self.stale_outputs)  # fmt: skip
+        )
+
     def _wrapped(self, name, runnable, size_args, use_graphs, pool, stream) -> Callable:
-        """A compiled piece, in a :class:`CUDAGraphPiece` when ``use_graphs``."""
-        if not use_graphs:
+        """A compiled piece, in a :class:`CUDAGraphPiece` when ``use_graphs`` (and Inductor does not partition
+        it: then its partitions have their graphs already)."""
+        if not use_graphs or self.config.use_inductor_graph_partition:
             return runnable
         return CUDAGraphPiece(
             name=name,

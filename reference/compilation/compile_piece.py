@@ -57,16 +57,23 @@ def inputs_at(module: torch.fx.GraphModule, size: int) -> list:
     return inputs
 
 
+def partition_patches(config: CompilationConfig) -> dict:
+    """Inductor config patches for ``use_inductor_graph_partition``: partition at the splitting ops (those
+    tagged ``cudagraph_unsafe`` Inductor cuts at by itself; named ones are added); empty without it."""
+    if not config.use_inductor_graph_partition:
+        return {}
+    return {"graph_partition": True, "custom_should_partition_ops": list(config.splitting_ops or ())}
+
+
 def _inductor(module: torch.fx.GraphModule, inputs: list, dynamic_shapes: str, config: CompilationConfig) -> Callable:
     compilation_counter.num_backend_compilations += 1
     compilation_counter.num_inductor_compiles += 1
+    patches = {"post_grad_custom_post_pass": UNFOLD_RESIDUAL_ADDMM, **partition_patches(config)}
     return torch._inductor.standalone_compile(
         module,
         inputs,
         dynamic_shapes=dynamic_shapes,
-        options={
-            "config_patches": {"post_grad_custom_post_pass": UNFOLD_RESIDUAL_ADDMM, **config.inductor_compile_config}
-        },
+        options={"config_patches": {**patches, **config.inductor_compile_config}},
     )
 
 

@@ -127,6 +127,12 @@ class CompilationConfig:
       vLLM accepts the field without Inductor, where it changes nothing. The engine also refuses a size no
       step can run at (:class:`~reference.engine.ModelRunner`: steps are padded to capture sizes), and drops
       sizes above its step limit with a warning.
+    * ``use_inductor_graph_partition`` [False] (vLLM's field): Inductor compiles the whole traced graph and
+      partitions it itself at the splitting ops (``torch._inductor.config.graph_partition``; the ops tagged
+      ``cudagraph_unsafe``, or ``splitting_ops`` when given), instead of the project's FX split; with
+      piecewise graphs each of its partitions is captured per capture size by the project's wrapper
+      (:mod:`reference.compilation.partition_graph`). Level 3 with ``use_inductor`` only. Not cached by the
+      compile cache yet (a start with it compiles).
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -152,6 +158,7 @@ class CompilationConfig:
     cudagraph_num_of_warmups: int = 1
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
     compile_sizes: tuple[int | str, ...] | None = None  # resolved to a tuple of ints
+    use_inductor_graph_partition: bool = False
     debug_cudagraph_addresses: bool = False
     debug_cudagraph_outputs: bool = False
     cache_dir: str = ""
@@ -165,6 +172,7 @@ class CompilationConfig:
             set_(self, "level", 3)
         check_choice("level", self.level, tuple(LEVELS))
         check_type("use_inductor", self.use_inductor, bool)
+        check_type("use_inductor_graph_partition", self.use_inductor_graph_partition, bool)
         check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
         check_type("debug_cudagraph_outputs", self.debug_cudagraph_outputs, bool)
         if isinstance(self.cache_dir, os.PathLike):
@@ -274,6 +282,16 @@ class CompilationConfig:
                 f"cache_dir is set but level={self.level}; the compile cache serves levels 2 and 3 (traced once), "
                 "level 1 uses torch's own caches; drop cache_dir or use level 2 or 3"
             )
+        if self.use_inductor_graph_partition and not (self.level == 3 and self.use_inductor):
+            raise ConfigError(
+                f"use_inductor_graph_partition=True needs level=3 and use_inductor=True (Inductor partitions the graph "
+                f"it compiles whole), got level={self.level}, use_inductor={self.use_inductor}; drop it or use those"
+            )
+        if self.use_inductor_graph_partition and self.splitting_ops == ():
+            raise ConfigError(
+                "use_inductor_graph_partition=True with splitting_ops=[] leaves Inductor no op to partition at; "
+                "drop one of them (splitting_ops=None partitions at the ops tagged cudagraph_unsafe)"
+            )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
                 "splitting_ops only apply at level=3 (piecewise) or to breakable graphs (level=0 with cudagraph_mode "
@@ -332,6 +350,11 @@ class CompilationConfig:
             raise ConfigError(
                 f"enforce_eager=True contradicts compile_sizes={list(self.compile_sizes)} (Inductor's static-shape "
                 "compiles); drop one of them"
+            )
+        if self.use_inductor_graph_partition:
+            raise ConfigError(
+                "enforce_eager=True contradicts use_inductor_graph_partition=True (Inductor's partitions of a "
+                "compiled graph); drop one of them"
             )
         if "cudagraph_mode" in self._explicit and self.cudagraph_mode != "none":
             raise ConfigError(

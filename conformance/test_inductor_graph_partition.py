@@ -1,0 +1,141 @@
+"""``use_inductor_graph_partition`` (vLLM's field): Inductor, not the project's FX split, cuts the graph at the
+splitting ops.
+
+The rules: the model is traced once and compiled by Inductor once, whole (one piece, attention inside it, where
+Inductor partitions around it); it computes the same function as eager within Inductor's rounding (no more than
+twice eager's distance from float64, the rule of the ``inductor`` mode); on CUDA the steps at capture sizes
+replay one graph per partition and size, with other prompts in a second round (a graph that read a moved buffer
+or kept one step's values would show); no compile outside the mode is wrapped. How a partition's wrapper routes
+each call is checked on every machine with a stand-in partition. The config's checks are in test_config.py, the
+compile cache's refusal in test_compile_cache.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.driver import prefill_and_decode
+from conformance.helpers import DEVICES, assert_error_within_twice_eager, make_runner, small_llama_config, token_ids
+from reference.compilation import compilation_counter, expect_counters
+from reference.compilation.cuda_graph import inside_full_graph
+from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
+from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
+
+pytestmark = [pytest.mark.requires("inductor_graph_partition"), pytest.mark.inductor]
+
+
+def _wrapper_slot():
+    from torch._inductor.utils import _unstable_customized_partition_wrapper
+
+    return _unstable_customized_partition_wrapper.wrapper
+
+
+@pytest.mark.eager
+@pytest.mark.inductor_full
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["inductor", "inductor_full"])
+def test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_from_float64(mode, device, impl):
+    """One layer (Inductor's compiles take seconds on a CPU). Prompts of 24 tokens and decodes of 4 run at
+    capture sizes: on CUDA the second round replays the graphs the first captured, the partitions' for every
+    step under ``inductor``, for the prefills under ``inductor_full`` (its decodes replay one full graph, inside
+    which the partitions record their kernels)."""
+    hf = small_llama_config(num_hidden_layers=1)
+    runners = {
+        "reference": make_runner(impl, "eager", hf, device=device, dtype=torch.float64),
+        "eager": make_runner(impl, "eager", hf, device=device),
+    }
+    before = compilation_counter.snapshot()
+    with expect_counters(num_graphs_seen=1, num_piecewise_graphs_seen=1, num_inductor_compiles=1):
+        runners["partition"] = make_runner(
+            impl, mode, hf, device=device, use_inductor_graph_partition=True, max_cudagraph_capture_size=32
+        )
+        for runner in runners.values():
+            runner.warm_up()
+    assert _wrapper_slot() is None  # no later compile of the process is wrapped
+    for round_, lengths in enumerate(([5, 7, 3, 9], [9, 3, 7, 5])):
+        prompts = [token_ids(n, hf.vocab_size, seed=10 * round_ + i) for i, n in enumerate(lengths)]
+        logits = prefill_and_decode(runners, prompts, num_decode=3, leader="reference")
+        for reference, eager, ours in zip(logits["reference"], logits["eager"], logits["partition"]):
+            assert_error_within_twice_eager(ours, eager, reference)
+    after = compilation_counter.snapshot()
+    names = ("num_cudagraph_captured", "num_cudagraph_replays", "num_full_cudagraph_replays")
+    captured, replayed, full = (getattr(after, n) - getattr(before, n) for n in names)
+    sizes = len(runners["partition"].piecewise_warm_up_sizes)  # captured at warm-up, largest first
+    if device == "cpu":
+        assert (captured, replayed, full) == (0, 0, 0)  # nothing is captured on a CPU
+    elif mode == "inductor":  # the layer's partitions (before and after attention) in all 8 steps
+        assert captured >= 2 * sizes and replayed >= 2 * 8 and full == 0, (captured, replayed, full)
+    else:  # the partitions in the 2 prefills; the 6 decode steps in full graphs
+        assert captured >= 2 * sizes and replayed >= 2 * 2 and full == 6, (captured, replayed, full)
+
+
+class _StandIn:
+    """A partition's calling convention: one list of inputs, emptied by the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, args: list):
+        self.calls.append(list(args))
+        args.clear()
+        return ("out",)
+
+
+def _wrapped(**overrides) -> tuple[PartitionGraph, _StandIn]:
+    stand_in = _StandIn()
+    settings = dict(capture_sizes=(4, 8), num_warmups=1, pool=None, stream=None, debug_addresses=False)
+    return PartitionGraph(stand_in, 0, **{**settings, **overrides}), stand_in
+
+
+def _step(mode: str | None, size: int = 4) -> ForwardContext:
+    return ForwardContext(cudagraph_runtime_mode=mode, batch_descriptor=BatchDescriptor(size, False))
+
+
+@pytest.mark.parametrize(
+    "context, size",
+    [(None, None), ("NONE", 4), ("FULL", 4), ("PIECEWISE", 6)],
+    ids=["outside-a-runner-step", "step-without-graphs", "full-graph-step", "size-not-captured"],
+)
+def test_a_partition_runs_as_compiled_where_no_graph_of_it_is_due(context, size):
+    """Outside a step, in a step sent to no graph or to a full one, and at a size that is not captured, the
+    partition runs on the list it is given; only the last is counted as a run without a graph."""
+    wrapped, stand_in = _wrapped()
+    args = [torch.ones(2)]
+    with expect_counters(num_cudagraph_eager_runs=int(context == "PIECEWISE"), num_cudagraph_captured=0):
+        if context is None:
+            out = wrapped(args)
+        else:
+            with set_forward_context(_step(context, size)):
+                out = wrapped(args)
+    assert out == ("out",) and len(stand_in.calls) == 1 and args == []
+
+
+def test_inside_a_full_graph_a_partition_records_its_kernels_into_it():
+    wrapped, stand_in = _wrapped()
+    with set_forward_context(_step("PIECEWISE")), inside_full_graph():
+        with expect_counters(num_cudagraph_eager_runs=0, num_cudagraph_captured=0):
+            wrapped([torch.ones(2)])
+    assert len(stand_in.calls) == 1
+
+
+def test_a_captured_size_runs_its_warm_ups_first():
+    """Two warm-ups at size 8 run the partition, each counted; the capture (CUDA only) would come next."""
+    wrapped, stand_in = _wrapped(num_warmups=2)
+    with set_forward_context(_step("PIECEWISE", 8)), expect_counters(num_cudagraph_eager_runs=2):
+        wrapped([torch.ones(2)])
+        wrapped([torch.ones(2)])
+    assert len(stand_in.calls) == 2 and wrapped.warm_ups.done == {8: 2}
+
+
+def test_the_wrapper_slot_is_emptied_after_the_block_even_when_it_raises():
+    def wrap(fn, index):
+        return fn
+
+    with pytest.raises(RuntimeError, match="^inside$"):
+        with partition_wrappers(wrap):
+            assert _wrapper_slot() is not None
+            raise RuntimeError("inside")
+    assert _wrapper_slot() is None
+    with partition_wrappers(None):
+        assert _wrapper_slot() is None
