@@ -291,8 +291,15 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         ),
         (
             {"use_inductor_graph_partition": True, "splitting_ops": []},
-            r"^use_inductor_graph_partition=True with splitting_ops=\[\] leaves Inductor no op to partition at; drop "
-            r"one of them \(splitting_ops=None partitions at the ops tagged cudagraph_unsafe\)$",
+            r"^use_inductor_graph_partition=True with splitting_ops=\[\]: \[\] asks for one uncut graph, but "
+            r"Inductor's partition always cuts at the ops tagged cudagraph_unsafe; drop one of them$",
+        ),
+        (
+            {"use_inductor_graph_partition": True, "inductor_compile_config": {"graph_partition": False,
+                                                                               "fx_graph_cache": True}},
+            r"^inductor_compile_config sets \['fx_graph_cache', 'graph_partition'\], which use_inductor_graph_partition"
+            r"=True sets itself \(its partitions, and no FX-graph cache: pytorch#165471\); drop them from "
+            r"inductor_compile_config$",
         ),
         ({"use_inductor_graph_partition": 1}, r"^use_inductor_graph_partition: expected bool, got int 1$"),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
@@ -323,6 +330,7 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "graph_partition_without_inductor",
         "graph_partition_at_level2",
         "graph_partition_with_no_splitting_op",
+        "graph_partition_settings_overridden",
         "graph_partition_not_a_bool",
         "sizes_below_max",
         "sizes_above_max",

@@ -19,8 +19,11 @@ from conformance.driver import prefill_and_decode
 from conformance.helpers import DEVICES, assert_error_within_twice_eager, make_runner, small_llama_config, token_ids
 from reference.compilation import compilation_counter, expect_counters
 from reference.compilation.cuda_graph import inside_full_graph
+from reference.compilation.compile_piece import partition_patches
 from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
-from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
+from reference.config import CompilationConfig, ConfigError
+from reference.config.compilation import PARTITION_INDUCTOR_SETTINGS
+from reference.forward_context import BatchDescriptor, ForwardContext, current_forward_context, set_forward_context
 
 pytestmark = [pytest.mark.requires("inductor_graph_partition"), pytest.mark.inductor]
 
@@ -128,7 +131,10 @@ def test_a_captured_size_runs_its_warm_ups_first():
     assert len(stand_in.calls) == 2 and wrapped.warm_ups.done == {8: 2}
 
 
-def test_the_wrapper_slot_is_emptied_after_the_block_even_when_it_raises():
+def test_the_wrapper_slot_holds_what_it_held_after_the_block_even_when_it_raises():
+    """Ours only while we compile; someone else's (set with torch's setter) is put back, not wiped."""
+    from torch._inductor.utils import set_customized_partition_wrappers
+
     def wrap(fn, index):
         return fn
 
@@ -137,5 +143,72 @@ def test_the_wrapper_slot_is_emptied_after_the_block_even_when_it_raises():
             assert _wrapper_slot() is not None
             raise RuntimeError("inside")
     assert _wrapper_slot() is None
-    with partition_wrappers(None):
-        assert _wrapper_slot() is None
+
+    def theirs(fn, metadata):
+        return fn
+
+    set_customized_partition_wrappers(theirs)
+    try:
+        with partition_wrappers(None):
+            assert _wrapper_slot() is None
+        assert _wrapper_slot() is theirs
+    finally:
+        set_customized_partition_wrappers(None)
+
+
+def test_the_mode_sets_inductors_partition_and_turns_its_fx_graph_cache_off():
+    """The FX-graph cache key does not say whether partitions were wrapped (pytorch#165471): a compile for graphs
+    could be served code without partitions. Exactly these settings are what the config refuses to see set."""
+    named = CompilationConfig(use_inductor_graph_partition=True, splitting_ops=["reference::attention"])
+    assert partition_patches(named) == {
+        "graph_partition": True, "custom_should_partition_ops": ["reference::attention"], "fx_graph_cache": False,
+    }  # fmt: skip
+    assert tuple(partition_patches(named)) == PARTITION_INDUCTOR_SETTINGS
+    assert partition_patches(CompilationConfig(use_inductor_graph_partition=True))["custom_should_partition_ops"] == []
+    assert partition_patches(CompilationConfig()) == {}
+
+
+def test_an_op_inductor_cuts_at_must_write_into_buffers_under_piecewise_graphs(impl):
+    """rms_norm returns its result: between two partitions' graphs it would live at an address the next graph
+    does not follow. Refused as the FX split refuses it; without graphs it may run."""
+    hf = small_llama_config(num_hidden_layers=1)
+    fields = dict(custom_ops=["all"], splitting_ops=["reference::attention", "reference::rms_norm"],
+                  use_inductor_graph_partition=True)  # fmt: skip
+    runner = make_runner(impl, "inductor", hf, **fields)
+    with pytest.raises(ConfigError) as err:
+        runner.warm_up()
+    assert str(err.value) == (
+        "splitting_ops: 'reference::rms_norm' returns tensors; with use_inductor_graph_partition and piecewise graphs "
+        "an op Inductor cuts at must write into buffers it is given (as reference::attention does), or use "
+        "cudagraph_mode='none'"
+    )
+    make_runner(impl, "inductor", hf, cudagraph_mode="none", **fields).warm_up()
+
+
+def test_naming_an_op_the_graph_lacks_is_no_warning_where_inductor_still_cuts_at_attention(impl, recwarn):
+    """With custom_ops none rms_norm is not in the graph: the FX split would be one piece (a warning), Inductor's
+    partition still cuts at the tagged attention (none)."""
+    hf = small_llama_config(num_hidden_layers=1)
+    fields = dict(custom_ops=["none"], splitting_ops=["reference::rms_norm"], cudagraph_mode="none")
+    make_runner(impl, "inductor", hf, use_inductor_graph_partition=True, **fields).warm_up()
+    assert not [w for w in recwarn if "none of splitting_ops" in str(w.message)]
+
+
+@pytest.mark.parametrize("mode", ["no_inductor", "inductor"])
+def test_the_step_says_the_token_count_the_model_is_called_with_even_for_the_tracing_call(mode, impl):
+    """A graph sized by the step (a partition's) must not take the 2-token tracing call of a 1-token step for
+    size 1: every call's descriptor gives the number of tokens the model is called with."""
+    runner = make_runner(impl, mode, small_llama_config(num_hidden_layers=1), cudagraph_capture_sizes=[1, 4])
+    seen, compiled = [], runner.compiled
+
+    class Spy:
+        awaits_trace = property(lambda self: getattr(compiled, "awaits_trace", False))
+
+        def __call__(self, input_ids, positions):
+            seen.append((current_forward_context().batch_descriptor.num_tokens, input_ids.shape[0]))
+            return compiled(input_ids, positions)
+
+    runner.compiled = Spy()
+    runner.step([[5]], [0], [0])  # the first call traces, with the one token padded to 2
+    runner.step([[6], [7]], [1, 0], [0, 1])
+    assert seen[0][1] == 2 and all(descriptor == tokens for descriptor, tokens in seen), seen

@@ -106,6 +106,25 @@ def _check_writes_into_buffers(piece: Piece) -> None:
         )
 
 
+def _check_partition_cuts_write_into_buffers(gm: torch.fx.GraphModule, splitting_ops) -> None:
+    """With Inductor's graph partition and piecewise graphs, every op it cuts at returns nothing (as
+    :func:`_check_writes_into_buffers` asks of a splitting piece): a tensor it returned would be allocated
+    between two partitions' graphs, at an address the next graph would not follow."""
+    for node in gm.graph.nodes:
+        cut = node.op == "call_function" and (is_splitting_op(node.target, splitting_ops) or
+                                              is_splitting_op(node.target, None))  # fmt: skip
+        if cut and _schema(node.target).returns:
+            raise ConfigError(
+                f"splitting_ops: {op_name(node.target)!r} returns tensors; with use_inductor_graph_partition and "
+                "piecewise graphs an op Inductor cuts at must write into buffers it is given (as reference::attention "
+                "does), or use cudagraph_mode='none'"
+            )
+
+
+def _schema(target) -> torch.FunctionSchema:
+    return (target.default if isinstance(target, torch._ops.OpOverloadPacket) else target)._schema
+
+
 def _check_no_unsafe_op_captured(piece: Piece) -> None:
     """A piece that will be captured must not call an op tagged cudagraph_unsafe (attention): the graph
     would replay it with the metadata of the step it was captured at."""
@@ -188,9 +207,11 @@ class PiecewiseBackend:
         self._traced = True
         compilation_counter.num_graphs_seen += 1
         cuts = self.config.splitting_ops if self.config.level == 3 else ()
-        # with use_inductor_graph_partition Inductor cuts the graph at them, and our split keeps one piece
-        split, pieces = split_graph(gm, () if self.config.use_inductor_graph_partition else cuts)
-        if cuts != () and not _calls_a_splitting_op(gm, cuts):
+        partition = self.config.use_inductor_graph_partition  # Inductor cuts the graph, our split keeps one piece
+        split, pieces = split_graph(gm, () if partition else cuts)
+        # Inductor's partition cuts at the tagged ops whatever splitting_ops names
+        cut_anywhere = _calls_a_splitting_op(gm, cuts) or (partition and _calls_a_splitting_op(gm, None))
+        if cuts != () and not cut_anywhere:
             named = "ops tagged cudagraph_unsafe" if cuts is None else list(cuts)
             warnings.warn(
                 f"none of splitting_ops ({named}) is called in the traced graph, so the model is one "
@@ -203,6 +224,8 @@ class PiecewiseBackend:
         if self.cache_writer is not None:  # before the pieces are installed into `split`
             self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
         self._check_pieces(pieces)
+        if partition and self.config.piecewise_graphs:
+            _check_partition_cuts_write_into_buffers(gm, cuts)
         with self._partition_graphs(_on_cuda(gm)):
             compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
             static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
@@ -278,9 +301,11 @@ class PiecewiseBackend:
             split.__dict__[piece.name] = runnable
         self.pieces = pieces
 
-    def _graph_settings(self, on_cuda: bool) -> tuple[bool, object, object]:
-        """Whether compiled pieces get CUDA graphs, and the memory pool and capture stream they share."""
-        use_graphs = self.config.piecewise_graphs and on_cuda
+    def _graph_settings(self, on_cuda: bool, partitions: bool = False) -> tuple[bool, object, object]:
+        """Whether compiled pieces (or, ``partitions``, Inductor's partitions) get CUDA graphs, and the memory
+        pool and capture stream they share. Pieces get none under ``use_inductor_graph_partition``: their
+        partitions have the graphs."""
+        use_graphs = self.config.piecewise_graphs and on_cuda and self.config.use_inductor_graph_partition == partitions
         if not use_graphs:
             return False, None, None
         return True, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
@@ -289,8 +314,8 @@ class PiecewiseBackend:
         """The block in which Inductor compiles: with ``use_inductor_graph_partition`` and piecewise graphs on
         CUDA, each partition it makes is installed in a :class:`PartitionGraph` (one pool and capture stream
         for them all)."""
-        use_graphs, pool, stream = self._graph_settings(on_cuda)
-        if not (use_graphs and self.config.use_inductor_graph_partition):
+        use_graphs, pool, stream = self._graph_settings(on_cuda, partitions=True)
+        if not use_graphs:
             return partition_wrappers(None)
         c = self.config
         return partition_wrappers(
@@ -299,9 +324,8 @@ class PiecewiseBackend:
         )
 
     def _wrapped(self, name, runnable, size_args, use_graphs, pool, stream) -> Callable:
-        """A compiled piece, in a :class:`CUDAGraphPiece` when ``use_graphs`` (and Inductor does not partition
-        it: then its partitions have their graphs already)."""
-        if not use_graphs or self.config.use_inductor_graph_partition:
+        """A compiled piece, in a :class:`CUDAGraphPiece` when ``use_graphs``."""
+        if not use_graphs:
             return runnable
         return CUDAGraphPiece(
             name=name,

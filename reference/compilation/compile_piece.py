@@ -58,11 +58,16 @@ def inputs_at(module: torch.fx.GraphModule, size: int) -> list:
 
 
 def partition_patches(config: CompilationConfig) -> dict:
-    """Inductor config patches for ``use_inductor_graph_partition``: partition at the splitting ops (those
-    tagged ``cudagraph_unsafe`` Inductor cuts at by itself; named ones are added); empty without it."""
+    """Inductor config patches for ``use_inductor_graph_partition`` (``PARTITION_INDUCTOR_SETTINGS``), empty
+    without it: partition at the splitting ops (the ops tagged ``cudagraph_unsafe`` Inductor cuts at by
+    itself; named ones are added), and no FX-graph cache. Whether partitions are wrapped changes the code
+    Inductor generates (with no wrapper it makes no partitions), but not its cache key, so a compile for graphs
+    could be served code without partitions and never capture anything (pytorch#165471); with the FX-graph
+    cache off, the AOTAutograd cache is bypassed too."""
     if not config.use_inductor_graph_partition:
         return {}
-    return {"graph_partition": True, "custom_should_partition_ops": list(config.splitting_ops or ())}
+    named = list(config.splitting_ops or ())
+    return {"graph_partition": True, "custom_should_partition_ops": named, "fx_graph_cache": False}
 
 
 def _inductor(module: torch.fx.GraphModule, inputs: list, dynamic_shapes: str, config: CompilationConfig) -> Callable:

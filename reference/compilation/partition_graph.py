@@ -103,11 +103,13 @@ class PartitionGraph:
 def partition_wrappers(wrap: Callable[[Callable, int], Callable] | None) -> Iterator[None]:
     """While the block runs, Inductor installs ``wrap(partition, index)`` in place of each partition of a graph
     it compiles with ``graph_partition`` (``None``: installs the partitions as they are). torch keeps the
-    wrapper in one process-wide slot; it is emptied again after the block, so no other compile is wrapped."""
-    from torch._inductor.utils import set_customized_partition_wrappers
+    wrapper in one process-wide slot; what it held before is put back after the block, so no other compile of
+    ours is wrapped and a wrapper someone else set is kept."""
+    from torch._inductor.utils import _unstable_customized_partition_wrapper, set_customized_partition_wrappers
 
+    before = _unstable_customized_partition_wrapper.wrapper
     set_customized_partition_wrappers(None if wrap is None else lambda fn, meta: wrap(fn, meta.partition_index))
     try:
         yield
     finally:
-        set_customized_partition_wrappers(None)
+        set_customized_partition_wrappers(before)

@@ -55,6 +55,10 @@ MAX_CAPTURE_SIZE = 65536
 _DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
 
 
+# The Inductor settings use_inductor_graph_partition sets (reference.compilation.compile_piece.partition_patches)
+PARTITION_INDUCTOR_SETTINGS = ("graph_partition", "custom_should_partition_ops", "fx_graph_cache")
+
+
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     """Capture sizes 1, 2, 4, then every multiple of 8, up to and including ``max_size`` (tokens).
 
@@ -129,10 +133,11 @@ class CompilationConfig:
       sizes above its step limit with a warning.
     * ``use_inductor_graph_partition`` [False] (vLLM's field): Inductor compiles the whole traced graph and
       partitions it itself at the splitting ops (``torch._inductor.config.graph_partition``; the ops tagged
-      ``cudagraph_unsafe``, or ``splitting_ops`` when given), instead of the project's FX split; with
+      ``cudagraph_unsafe``, plus ``splitting_ops`` when given), instead of the project's FX split; with
       piecewise graphs each of its partitions is captured per capture size by the project's wrapper
-      (:mod:`reference.compilation.partition_graph`). Level 3 with ``use_inductor`` only. Not cached by the
-      compile cache yet (a start with it compiles).
+      (:mod:`reference.compilation.partition_graph`). Level 3 with ``use_inductor`` only; sets Inductor's
+      ``graph_partition``, ``custom_should_partition_ops`` and ``fx_graph_cache`` (off: pytorch#165471), which
+      ``inductor_compile_config`` may then not set. Not cached by the compile cache yet (a start compiles).
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -289,8 +294,14 @@ class CompilationConfig:
             )
         if self.use_inductor_graph_partition and self.splitting_ops == ():
             raise ConfigError(
-                "use_inductor_graph_partition=True with splitting_ops=[] leaves Inductor no op to partition at; "
-                "drop one of them (splitting_ops=None partitions at the ops tagged cudagraph_unsafe)"
+                "use_inductor_graph_partition=True with splitting_ops=[]: [] asks for one uncut graph, but Inductor's "
+                "partition always cuts at the ops tagged cudagraph_unsafe; drop one of them"
+            )
+        overridden = sorted(set(self.inductor_compile_config) & set(PARTITION_INDUCTOR_SETTINGS))
+        if self.use_inductor_graph_partition and overridden:
+            raise ConfigError(
+                f"inductor_compile_config sets {overridden}, which use_inductor_graph_partition=True sets itself "
+                "(its partitions, and no FX-graph cache: pytorch#165471); drop them from inductor_compile_config"
             )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(

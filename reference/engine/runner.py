@@ -340,11 +340,13 @@ class ModelRunner:
         if num_fed < n:
             self.input_ids[num_fed:n].copy_(staged_ids)
         self.positions[:n].copy_(staged_positions)
+        descriptor = dispatch.descriptor
         if getattr(self.compiled, "awaits_trace", False):
             size = max(size, 2)  # the trace fixes a dynamic token dimension only for >= 2 tokens
+            descriptor = descriptor._replace(num_tokens=size)  # graphs sized by the step take the call's size
             if full:  # the tracing call compiles; no full graph is kept of it
                 dispatch = dataclasses.replace(dispatch, runtime_mode="NONE")
-        context = ForwardContext(metadata, self.attention_layers, dispatch.runtime_mode, dispatch.descriptor)
+        context = ForwardContext(metadata, self.attention_layers, dispatch.runtime_mode, descriptor)
         with set_forward_context(context):
             hidden = self.compiled(self.input_ids[:size], self.positions[:size])
         self.last_dispatch = dispatch
