@@ -42,7 +42,8 @@ def test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_f
     """One layer (Inductor's compiles take seconds on a CPU). Prompts of 24 tokens and decodes of 4 run at
     capture sizes: on CUDA the second round replays the graphs the first captured, the partitions' for every
     step under ``inductor``, for the prefills under ``inductor_full`` (its decodes replay one full graph, inside
-    which the partitions record their kernels)."""
+    which the partitions record their kernels). A partition's inputs include buffers the attention between two
+    partitions writes into: a replay that found one moved since its capture raises (address checks on)."""
     hf = small_llama_config(num_hidden_layers=1)
     runners = {
         "reference": make_runner(impl, "eager", hf, device=device, dtype=torch.float64),
@@ -50,8 +51,9 @@ def test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_f
     }
     before = compilation_counter.snapshot()
     with expect_counters(num_graphs_seen=1, num_piecewise_graphs_seen=1, num_inductor_compiles=1):
-        runners["partition"] = make_runner(
-            impl, mode, hf, device=device, use_inductor_graph_partition=True, max_cudagraph_capture_size=32
+        runners["partition"] = make_runner(  # on CUDA every replay checks its inputs are where they were at capture
+            impl, mode, hf, device=device, use_inductor_graph_partition=True, max_cudagraph_capture_size=32,
+            debug_cudagraph_addresses=True,
         )
         for runner in runners.values():
             runner.warm_up()
