@@ -376,15 +376,23 @@ def test_a_second_writer_of_a_key_keeps_the_first_ones_whole_entry(tmp_path):
 
 
 @pytest.mark.requires("components")
+@pytest.mark.inductor
 @pytest.mark.parametrize(
-    "patches, said",
-    [({"max_autotune": False, "fx_graph_cache": False}, "Inductor keeps no artifact to store"),
-     ({"post_grad_custom_pre_pass": print}, "builtin_function_or_method, which no key can name")],
+    "fields, said",
+    [({"level": 2, "inductor_compile_config": {"max_autotune": False, "fx_graph_cache": False}},
+      "inductor_compile_config['fx_graph_cache'] is False: Inductor keeps no artifact to store"),
+     ({"level": 2, "inductor_compile_config": {"post_grad_custom_pre_pass": print}},
+      "inductor_compile_config['post_grad_custom_pre_pass'] is builtin_function_or_method, which no key can name"),
+     ({"use_inductor_graph_partition": True},  # an entry's loading would not wrap the partitions: no graph
+      "use_inductor_graph_partition=True: Inductor wraps its partitions in CUDA graphs as an artifact loads, which "
+      "an entry's loading does not do yet")],
+    ids=["no_fx_graph_cache", "a_pass_as_a_function", "inductor_graph_partition"],
 )  # fmt: skip
-def test_an_inductor_config_no_entry_can_hold_is_one_warning_before_any_compile(patches, said, cache, monkeypatch):
+def test_a_config_no_entry_can_hold_is_one_warning_before_any_compile(fields, said, cache, monkeypatch):
     from reference.compilation import compile_model
 
-    config = CompilationConfig(level=2, cache_dir=str(cache), inductor_compile_config=patches)
+    config = CompilationConfig(cache_dir=str(cache), **fields)
+    assert cache_key.uncachable(config) == said
     compiled = compile_model(_ReadsAGlobalTensor(), config)
     monkeypatch.setattr(compiled, "_compiled", lambda x: x)  # the compile itself is not what is tested
     with warnings.catch_warnings(record=True) as caught:
@@ -392,7 +400,8 @@ def test_an_inductor_config_no_entry_can_hold_is_one_warning_before_any_compile(
         with expect_counters(num_cache_hits=0, num_cache_misses=0):
             compiled(torch.ones(3, 64))
     messages = [str(w.message) for w in caught if "compile cache" in str(w.message)]
-    assert len(messages) == 1 and said in messages[0] and "not cached" in messages[0], messages
+    assert messages == [f"compile cache: {said}; this start is not cached"]
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 @pytest.mark.requires("components")
@@ -569,29 +578,6 @@ def test_only_fx_graph_cache_false_makes_a_config_uncachable_among_json_values()
     assert cache_key.uncachable(CompilationConfig(inductor_compile_config={"fx_graph_cache": False})) == (
         "inductor_compile_config['fx_graph_cache'] is False: Inductor keeps no artifact to store"
     )
-
-
-@pytest.mark.requires("components")
-@pytest.mark.inductor
-def test_inductors_own_graph_partition_is_not_cached_yet_and_says_so_before_compiling(cache, monkeypatch):
-    """Its partitions get their CUDA-graph wrappers while an artifact loads, which an entry's loading does not
-    set up: a warm start would replay no graph. One warning, no entry, the compile goes on."""
-    from reference.compilation import compile_model
-
-    config = CompilationConfig(cache_dir=str(cache), use_inductor_graph_partition=True)
-    assert cache_key.uncachable(config) == (
-        "use_inductor_graph_partition=True: Inductor wraps its partitions in CUDA graphs as an artifact loads, which "
-        "an entry's loading does not do yet"
-    )
-    compiled = compile_model(_ReadsAGlobalTensor(), config)
-    monkeypatch.setattr(compiled, "_compiled", lambda x: x)  # the compile itself is not what is tested
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with expect_counters(num_cache_hits=0, num_cache_misses=0):
-            compiled(torch.ones(3, 64))
-    messages = [str(w.message) for w in caught if "compile cache" in str(w.message)]
-    assert messages == [f"compile cache: {cache_key.uncachable(config)}; this start is not cached"]
-    assert not cache.exists() or not any(cache.iterdir())
 
 
 def _a_pass(graph):  # an Inductor pass given as a function: no JSON spelling
