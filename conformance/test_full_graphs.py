@@ -82,10 +82,12 @@ def test_full_graphs_need_a_capture_size_a_decode_step_can_have(impl):
 
 
 GPU_CASES = [pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=pytest.mark.gpu)]
+# on a CPU the steps are dispatched as on CUDA and read the same static metadata; nothing is captured
+CPU_AND_GPU_CASES = [pytest.param("cpu", torch.float32, id="cpu-fp32"), *GPU_CASES]
 
 
 @pytest.mark.eager
-@pytest.mark.parametrize("device, dtype", GPU_CASES)
+@pytest.mark.parametrize("device, dtype", CPU_AND_GPU_CASES)
 @pytest.mark.parametrize("mode", ["no_inductor_full", "breakable"])
 def test_full_decode_at_a_capture_size_is_bitwise_eager_and_padded_decode_is_bitwise_piecewise(
     mode, device, dtype, impl

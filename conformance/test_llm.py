@@ -258,6 +258,22 @@ def test_an_aborted_request_is_never_returned_and_the_others_generate_what_they_
 
 
 @pytest.mark.eager
+def test_generate_refuses_to_drop_requests_added_to_the_engine_by_hand():
+    """Their outputs would be lost; the way out is named, and after it generate runs."""
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
+    (request_id,) = llm.llm_engine.add_requests(ragged_prompts(1, llm.vocab_size), greedy(3, ignore_eos=True))
+    with pytest.raises(ValueError) as err:
+        llm.generate(ragged_prompts(1, llm.vocab_size), greedy(3), use_tqdm=False)
+    assert str(err.value) == (
+        "generate: llm_engine holds unfinished requests added with llm_engine.add_requests, whose outputs generate "
+        "would drop; step them to the end (llm_engine.step() while llm_engine.has_unfinished_requests()) or abort "
+        "them (llm_engine.abort_requests(ids)) first"
+    )
+    llm.llm_engine.abort_requests([request_id])
+    assert len(llm.generate(ragged_prompts(1, llm.vocab_size), greedy(3), use_tqdm=False)) == 1
+
+
+@pytest.mark.eager
 def test_a_request_aborted_while_its_stop_token_is_in_flight_is_not_returned():
     """The step that samples a stop token is read one call later; aborted in between, the request must stay
     aborted when that token is read (beside another request's, which keeps the step's tokens to be read),

@@ -33,7 +33,9 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
         ({"model": ""}, "model: expected a preset name or a checkpoint directory (a string), got ''"),
         ({"skip_tokenizer_init": True, "tokenizer": CHECKPOINT},
          "tokenizer and skip_tokenizer_init=True contradict: give one"),
-        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens: expected an int >= 1, got 0"),
+        ({"enable_chunked_prefill": "yes"}, "enable_chunked_prefill: expected a bool, got 'yes'"),
+        ({"scheduling": "fifo"}, "scheduling: expected one of ['continuous', 'static'], got 'fifo'"),
         ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
          "max_num_batched_tokens (3) must be >= max_num_seqs (4): a decode step feeds one token per sequence"),
         ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
@@ -41,8 +43,8 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
          "max_num_batched_tokens (129) exceeds max_num_seqs x max_model_len (2 x 64 = 128): no step can hold more "
          "tokens than the KV cache; lower it or raise the others"),
     ],
-    ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "fewer-tokens-than-seqs", "tp-size",
-         "more-tokens-than-the-cache"],
+    ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "chunked-prefill-not-a-bool",
+         "unknown-scheduling", "fewer-tokens-than-seqs", "tp-size", "more-tokens-than-the-cache"],
 )  # fmt: skip
 def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):
     """Refused before the memory check and the weights (a checkpoint's would load first otherwise)."""
@@ -55,6 +57,35 @@ def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):
 
 def test_a_step_budget_of_exactly_one_token_per_sequence_is_enough():
     assert _llm(max_num_seqs=4, max_num_batched_tokens=4).runner.max_num_tokens == 4
+
+
+def test_a_step_budget_of_exactly_the_whole_kv_cache_is_allowed():
+    assert _llm(max_num_seqs=2, max_model_len=16, max_num_batched_tokens=32).runner.max_num_tokens == 32
+
+
+def test_the_seed_gives_the_weights_and_another_seed_others():
+    weights = [_llm(seed=seed).model.model.layers[0].mlp.down_proj.weight for seed in (0, 1, 1)]
+    assert not torch.equal(weights[0], weights[1]) and torch.equal(weights[1], weights[2])
+
+
+def test_an_explicit_tokenizer_is_loaded_for_a_preset_that_has_none():
+    assert _llm().tokenizer is None
+    assert _llm(tokenizer=CHECKPOINT).tokenizer.eos_token_id is not None
+
+
+def test_the_language_models_own_dtype_wins_over_its_wrappers(tmp_path):
+    """A multimodal config's text_config may carry a dtype of its own; without one the outer config's counts."""
+    import json
+    import shutil
+
+    fixture = Path(CHECKPOINT).parent / "tiny-gemma3-multimodal"
+    directory = Path(shutil.copytree(fixture, tmp_path / "mm"))
+    config = json.loads((directory / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and "dtype" not in config["text_config"]
+    assert _llm(str(directory)).dtype == torch.bfloat16  # the outer config's
+    config["text_config"]["dtype"] = "float16"
+    (directory / "config.json").write_text(json.dumps(config))
+    assert _llm(str(directory)).dtype == torch.float16  # the language model's own
 
 
 def test_the_defaults_are_eight_sequences_and_seed_0_weights():
