@@ -61,6 +61,46 @@ def test_full_sends_every_step_of_a_capture_size_to_the_graph_of_its_padded_size
     assert _record(runner, [[1] * 9], [0]) == ("NONE", BatchDescriptor(9, False))  # above every capture size
 
 
+@pytest.mark.parametrize("cudagraph_mode", ["full", "full_and_piecewise"])
+def test_attention_is_handed_the_static_tables_of_its_full_graph_step(cudagraph_mode, impl, monkeypatch):
+    """What the graph kernels of a full step read (on CUDA only), checked where the runner builds it: under 'full'
+    every step, decodes too, carries the tables of its padded size (GraphTables.host_list of the step), read from
+    the runner's static buffer; under 'full_and_piecewise' a decode step carries its lengths and rows padded with
+    0 to the graph's size, and a mixed step (piecewise) no tables and unpadded lists."""
+    from reference.engine import runner as runner_module
+
+    sizes = dict(max_num_seqs=4, max_model_len=32, max_num_batched_tokens=16, cudagraph_capture_sizes=[1, 2, 4, 8])
+    runner = make_runner(impl, "no_inductor", small_llama_config(), cudagraph_mode=cudagraph_mode, **sizes)
+    runner.warm_up()
+    seen = []
+    real = runner_module.ForwardContext
+    monkeypatch.setattr(runner_module, "ForwardContext", lambda md, *rest: seen.append(md) or real(md, *rest))
+    every_step = cudagraph_mode == "full"
+    for tokens, contexts in (([[1], [2, 3, 4, 5, 6]], [4, 6]), ([[1], [2], [3]], [3, 5, 1])):  # mixed, decode
+        runner.step(tokens, contexts, list(range(len(tokens))))
+        md = seen[-1]
+        query_lens = [len(t) for t in tokens]
+        seq_lens = [c + q for c, q in zip(contexts, query_lens)]
+        size = runner.last_dispatch.descriptor.num_tokens
+        decode = all(q == 1 for q in query_lens)
+        if every_step:
+            capacity = runner.graph_capacity(size)
+            expected = GraphTables.host_list(query_lens, seq_lens, md.rows, md.slot_mapping.tolist(), size, capacity)
+            tables = md.graph_tables
+            flat = [tables.slots, tables.decode_seq_lens, tables.decode_rows, tables.cu_query_lens, tables.seq_lens,
+                    tables.rows]  # fmt: skip
+            assert [x for t in flat for x in t.tolist()] == expected
+            assert tables.slots.data_ptr() == runner.graph_tables_buffer.data_ptr()  # the buffer the graph reads
+            continue
+        assert md.graph_tables is None
+        if decode:
+            assert runner.last_dispatch.runtime_mode == "FULL"
+            padding = [0] * (size - len(tokens))
+            assert (md.seq_lens_tensor.tolist(), md.rows_tensor.tolist()) == (seq_lens + padding, md.rows + padding)
+        else:
+            assert (md.seq_lens_tensor.tolist(), md.rows_tensor.tolist()) == (seq_lens, md.rows)
+
+
 def test_full_warns_of_capture_sizes_no_step_reaches(impl):
     with pytest.warns(RuntimeWarning, match=r"^1 capture sizes exceed max_num_batched_tokens \(16\) and are not"):
         runner = make_runner(impl, "no_inductor", small_llama_config(), max_num_batched_tokens=16,

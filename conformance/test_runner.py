@@ -153,6 +153,22 @@ def test_a_mixed_step_with_fed_decodes_equals_the_step_fed_host_lists(mode, impl
 
 
 @pytest.mark.eager
+def test_an_empty_fed_is_no_fed_and_without_fed_every_sequence_needs_its_host_list(impl):
+    """A fed of zero tokens leaves every sequence to its host list; without fed, a list short of the rows is
+    refused (the rows left over are not taken for fed decodes)."""
+    runner = make_runner(impl, "eager", HF, max_num_seqs=4)
+    prompts = _prompts([3, 2])
+    lists = runner.step(prompts, [0, 0], [0, 1])
+    empty = runner.step(prompts, [0, 0], [0, 1], fed=torch.empty(0, dtype=torch.int64))
+    torch.testing.assert_close(empty, lists, rtol=0, atol=0)
+    with pytest.raises(ValueError) as err:
+        runner.step(prompts[:1], [3, 2], [0, 1])
+    assert str(err.value) == (
+        "new_tokens (1), context_lens (2) and rows (2): expected one entry per sequence in each"
+    )
+
+
+@pytest.mark.eager
 @pytest.mark.parametrize(
     "new_tokens, fed, message",
     [
