@@ -28,11 +28,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
+from conformance.helpers import DEVICES, build_llama, make_runner, small_llama_config, token_ids
 from reference.benchmark.choices import MODE_KWARGS
 from reference.compilation import compilation_counter
 from reference.compilation.cuda_graph import WarmUpCount
-from reference.config import ConfigError
+from reference.config import ConfigError, mode_config
 from reference.engine import graph_plan
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
@@ -101,6 +101,26 @@ def test_attention_is_handed_the_static_tables_of_its_full_graph_step(cudagraph_
             assert (md.seq_lens_tensor.tolist(), md.rows_tensor.tolist()) == (seq_lens, md.rows)
 
 
+@pytest.mark.inductor
+def test_sizes_past_the_step_limit_are_dropped_with_one_line_each_pointing_at_the_caller(impl):
+    """compile_sizes and capture sizes above max_num_batched_tokens: no step has that many tokens. A size equal
+    to the limit is kept. The warnings name the line that built the runner (nothing is compiled here)."""
+    from reference.engine.runner import ModelRunner
+
+    config = mode_config("inductor", compile_sizes=[4, 8, 16], cudagraph_capture_sizes=[4, 8, 16])
+    model = build_llama(small_llama_config(), config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner = ModelRunner(model, config, max_num_seqs=4, max_model_len=16, max_num_batched_tokens=8)
+    assert [(str(w.message), w.category, w.filename) for w in caught] == [
+        ("1 compile sizes exceed max_num_batched_tokens (8) and are not compiled (no step has that many tokens): [16]",
+         RuntimeWarning, __file__),
+        ("1 capture sizes exceed max_num_batched_tokens (8) and are not captured (no step has that many tokens): [16]",
+         RuntimeWarning, __file__),
+    ]  # fmt: skip
+    assert (runner.config.compile_sizes, runner.capture_sizes) == ((4, 8), (4, 8))
+
+
 def test_full_warns_of_capture_sizes_no_step_reaches(impl):
     with pytest.warns(RuntimeWarning, match=r"^1 capture sizes exceed max_num_batched_tokens \(16\) and are not"):
         runner = make_runner(impl, "no_inductor", small_llama_config(), max_num_batched_tokens=16,
@@ -114,7 +134,8 @@ def test_a_compile_size_that_steps_are_padded_past_is_refused(mode, impl):
     """Under 'full' every step is padded to a capture size, as under piecewise graphs: a compile size of 3 between
     the capture sizes 2 and 4 would be compiled and never run."""
     with pytest.raises(ConfigError, match=r"^compile_sizes \[3\] never run: a step is padded to the next capture "
-                                          r"size \(\[1, 2, 4, 8\]\)"):  # fmt: skip
+                                          r"size \(\[1, 2, 4, 8\]\); list capture sizes, or counts above the "
+                                          r"largest one up to max_num_batched_tokens$"):  # fmt: skip
         make_runner(impl, "inductor", small_llama_config(), max_num_batched_tokens=16, cudagraph_mode=mode,
                     cudagraph_capture_sizes=[1, 2, 4, 8], compile_sizes=[3])  # fmt: skip
 
