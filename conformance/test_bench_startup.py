@@ -38,6 +38,52 @@ def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
     assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--modes", "eager", "-O.custom_ops=['none']"], "--compilation-config applies only to compiled modes"),
+        (["--modes", "no_inductor", "-O.use_inductor=true"], "--compilation-config: sets use_inductor, which --modes"),
+        (["--modes", "no_inductor", "-O.use_inductor_graph_partition=true"],
+         "--compilation-config: with mode 'no_inductor': use_inductor_graph_partition"),
+        (["-O.custom_ops=['+flash_norm']"], "argument --compilation-config: custom_ops: unknown op 'flash_norm'"),
+        (["-O3", "--modes", "eager"], "-O3 selects --modes inductor_full (vLLM's optimization level), and --modes"),
+        (["-O7"], "-O: optimization level expected 0, 1, 2 or 3, got '7'"),
+        (["--modes", "inductor", "-O.compile_sizes=[4]", "--batch-size", "2"],
+         "--compilation-config: with mode 'inductor': compile_sizes [4] never run"),
+    ],
+    ids=["eager-takes-none", "mode-defining", "partition-without-inductor", "unknown-op", "level-and-modes",
+         "bad-level", "compile-size-never-run"],
+)  # fmt: skip
+def test_a_config_override_that_cannot_apply_is_refused_before_any_start(argv, message, capsys, monkeypatch):
+    """The flags bench_latency takes, checked as it checks them, before any child starts."""
+    monkeypatch.setattr(startup, "measure_mode", lambda spec, cache_dir: pytest.fail("a start ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1, err
+
+
+def test_config_overrides_reach_each_compiled_start_and_the_file_records_them(tmp_path, monkeypatch):
+    """``-O.FIELD=VALUE`` changes what a start runs (here Inductor's graph partition, issue 22's comparison
+    with the FX split), and the file says so; ``-O2`` is the mode vLLM's level 2 stands for."""
+    specs = []
+    monkeypatch.setattr(startup, "measure_mode", lambda spec, cache_dir: specs.append(spec) or _fake_rows(spec["mode"]))
+    out = tmp_path / "startup.json"
+    main(["-O2", "-O.use_inductor_graph_partition=true", "--device", "cpu", "--output-json", str(out)])
+    assert [(s["mode"], s["overrides"]) for s in specs] == [("inductor_full", {"use_inductor_graph_partition": True})]
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["compilation_config_overrides"] == {"use_inductor_graph_partition": True}
+
+
+@pytest.mark.breakable
+def test_a_childs_config_is_its_modes_with_the_overrides_and_its_row_records_it():
+    row = startup._child({**TINY, "mode": "breakable", "overrides": {"cudagraph_capture_sizes": [1, 3]}})
+    assert row["compilation_config"]["cudagraph_capture_sizes"] == [1, 3]
+    assert row["compilation_config"]["cudagraph_mode"] == "piecewise"  # the mode's own field kept
+    assert startup._child({**TINY, "mode": "breakable"})["compilation_config"]["cudagraph_capture_sizes"] != [1, 3]
+
+
 def test_paths_that_cannot_be_used_are_refused_before_any_start(tmp_path, capsys):
     """An unwritable output was a traceback after every start had run, an unusable cache folder a child's
     traceback, a cache path with a space an Inductor C++ compile that failed (torch passes it unquoted)."""

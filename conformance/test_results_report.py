@@ -468,6 +468,23 @@ def test_start_up_files_alone_make_a_report_without_a_chart(tmp_path):
     assert not (tmp_path / "latency.png").exists()
 
 
+def test_a_start_with_config_overrides_is_its_own_row_named_with_them(tmp_path):
+    """Inductor's graph partition timed with ``-O.use_inductor_graph_partition=true`` is another row than the
+    plain inductor mode's, not a newer run of it that hides it."""
+    doc = json.loads(STARTUP_NEW.read_text())
+    doc["settings"]["compilation_config_overrides"] = {"use_inductor_graph_partition": True}
+    doc["env"]["date"] = "2027-01-01T00:00:00+00:00"  # newer than STARTUP_NEW
+    partition = tmp_path / "partition.json"
+    partition.write_text(json.dumps(doc))
+    rows = newest(read_startup_rows(STARTUP_NEW) + read_startup_rows(partition))
+    labels = [r.label for r in rows if r.mode == "inductor"]
+    assert sorted(labels) == ["inductor", 'inductor -O {"use_inductor_graph_partition":true}'], labels
+    doc["settings"]["compilation_config_overrides"] = ["use_inductor_graph_partition"]
+    partition.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match="compilation_config_overrides .* is not a dict$"):
+        read_startup_rows(partition)
+
+
 def test_a_start_up_file_with_a_mode_missing_its_warm_start_is_one_line_naming_it(tmp_path):
     doc = json.loads(STARTUP_NEW.read_text())
     doc["rows"] = [r for r in doc["rows"] if (r["mode"], r["start"]) != ("inductor", "warm")]

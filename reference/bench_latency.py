@@ -26,9 +26,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS, mode_kwargs
+from reference.benchmark.choices import BASELINES, DTYPE_NAMES, MODE_KWARGS
 from reference.benchmark.cli import (
     OneLineParser,
     check_output_file,
@@ -44,13 +43,14 @@ from reference.benchmark.cli import (
     thread_count,
     usage_error,
 )
-from reference.benchmark.vllm_flags import OPTIMIZATION_LEVEL_MODES, expand_vllm_spellings
-from reference.config import CompilationConfig, ConfigError, config_fields, echo, mode_config
-from reference.config.vllm_names import translate
+from reference.benchmark.overrides import (
+    add_compilation_flags,
+    check_overrides,
+    level_mode,
+    parse_with_vllm_spellings,
+)
+from reference.config import ConfigError, echo
 
-# The config fields that tell the modes apart: --compilation-config may not change them, or a row
-# labelled with one mode would run another.
-MODE_DEFINING_FIELDS = ("level", "use_inductor", "cudagraph_mode")
 DEFAULT_RESULTS_DIR = "perf/results"
 # what the usage line calls the program: the console script's name, or how README runs the module
 CONSOLE_SCRIPT = "reference-bench-latency"
@@ -68,20 +68,6 @@ def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespac
         if args.results_dir.exists() and not args.results_dir.is_dir():
             parser.error(f"--results-dir: {echo(str(args.results_dir))} is a file; give a directory")
         check_writable_dir(parser, "--results-dir", args.results_dir)
-
-
-def _config_fields(text: str) -> dict[str, Any]:
-    try:
-        fields = translate(config_fields(text))  # vLLM's mode / backend as level / use_inductor: --modes owns them
-        config = CompilationConfig.parse(fields)  # keys and values
-        from reference.compilation.backend import check_splitting_ops_exist  # torch: after --help
-        from reference.ops import CustomOpSelection
-
-        CustomOpSelection(config)  # custom-op names
-        check_splitting_ops_exist(config.splitting_ops or ())  # splitting-op names, before any model loads
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return fields
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,24 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"comma-separated, run in this order (default: {','.join(MODE_KWARGS)}; 'eager' with --enforce-eager)",
     )
-    parser.add_argument(
-        "--compilation-config",
-        type=_config_fields,
-        default=None,
-        help="(-cc, -O) JSON or Python-literal dict overriding fields of the compiled modes' configs, "
-        "e.g. capture sizes or custom_ops; or one field: -O.FIELD=VALUE, -cc.FIELD=VALUE or "
-        "--compilation-config.FIELD=VALUE (or VALUE as the next argument; JSON or a Python literal, else a "
-        "string), dots nest: -O.inductor_compile_config.max_autotune=true; fields and a whole dict merge, each "
-        "field given once; level, use_inductor and cudagraph_mode are set by --modes",
-    )
-    parser.add_argument(
-        "--optimization-level",
-        default=None,
-        metavar="N",
-        help="(-O0 .. -O3, -O N, -O=N) vLLM's optimization level, here the mode it stands for: "
-        + ", ".join(f"{n} {mode}" for n, mode in OPTIMIZATION_LEVEL_MODES.items())
-        + " (vLLM: 0 no compilation nor graphs, 1 Inductor with piecewise graphs, 2 and 3 with full graphs too)",
-    )
+    add_compilation_flags(parser)
     parser.add_argument("--enforce-eager", action="store_true", help="shorthand for --modes eager (vLLM's flag)")
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
     parser.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda if available)")
@@ -192,21 +161,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check the flags; errors exit with code 2 and name the flag."""
     parser = build_parser()
     given = list(sys.argv[1:] if argv is None else argv)
-    try:
-        expanded = expand_vllm_spellings(given)
-    except ConfigError as err:
-        parser.error(str(err))
-    args = parser.parse_args(expanded)
-    if args.optimization_level is not None:
-        level, mode = args.optimization_level, OPTIMIZATION_LEVEL_MODES[args.optimization_level]
-        if args.modes not in (None, [mode]):  # the same mode twice is no contradiction (as --enforce-eager)
-            parser.error(
-                f"-O{level} selects --modes {mode} (vLLM's optimization level), and --modes "
-                f"{','.join(args.modes)} was given too; give one"
-            )
-        if args.enforce_eager and mode != "eager":
-            parser.error(f"--enforce-eager contradicts -O{level} (--modes {mode}); drop one of them")
-        args.modes = [mode]
+    args = parse_with_vllm_spellings(parser, given)
+    mode = level_mode(parser, args)
+    if args.enforce_eager and mode not in (None, "eager"):
+        parser.error(f"--enforce-eager contradicts -O{args.optimization_level} (--modes {mode}); drop one of them")
+    args.modes = [mode] if mode is not None else args.modes
     if args.enforce_eager:
         if args.modes not in (None, ["eager"]):
             parser.error(f"--enforce-eager contradicts --modes {','.join(args.modes)}; drop one of them")
@@ -222,43 +181,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--baselines {','.join(args.baselines)}: the baselines run in one process, not with "
             f"--tensor-parallel-size {args.tensor_parallel_size}; drop one of them"
         )
-    compiled = [m for m in args.modes if "compilation_config" in MODE_KWARGS[m]]
-    if args.compilation_config is not None:
-        if not compiled:
-            flag = "--enforce-eager runs only eager" if args.enforce_eager else "--modes has none"
-            parser.error(f"--compilation-config applies only to compiled modes, and {flag}; drop one of them")
-        changed = [f for f in MODE_DEFINING_FIELDS if any(_changes(args.compilation_config, m, f) for m in compiled)]
-        if changed:
-            parser.error(
-                f"--compilation-config: sets {', '.join(changed)}, which --modes decides: choose modes instead "
-                f"({'; '.join(map(_defining_fields, MODE_KWARGS))}); other fields (capture sizes, custom_ops, "
-                "splitting_ops, ...) may be set"
-            )
-        for mode in compiled:
-            try:
-                CompilationConfig.parse(mode_kwargs(mode, args.compilation_config)["compilation_config"])
-            except ConfigError as err:
-                parser.error(f"--compilation-config: with mode {mode!r}: {err}")
+    tokens = args.batch_size * args.input_len  # the prefill: the engine's max_num_batched_tokens (module doc)
+    check_overrides(
+        parser,
+        args.compilation_config,
+        args.modes,
+        max_num_seqs=args.batch_size,
+        max_num_batched_tokens=tokens,
+        no_compiled_mode="--enforce-eager runs only eager" if args.enforce_eager else "--modes has none",
+    )
     import torch
 
-    from reference.engine.arguments import compile_sizes_never_run, engine_config
     from reference.models import registry
-
-    tokens = args.batch_size * args.input_len  # the prefill: the engine's max_num_batched_tokens (module doc)
-    for mode in compiled if args.compilation_config is not None else ():
-        config = engine_config(
-            mode_kwargs(mode, args.compilation_config)["compilation_config"],
-            enforce_eager=False,
-            max_num_seqs=args.batch_size,
-            max_num_batched_tokens=tokens,
-        )
-        never = compile_sizes_never_run(config, tokens)
-        if never:  # the engine would refuse it when the mode's LLM is built, after the modes before it ran
-            sizes = [s for s in config.cudagraph_capture_sizes if s <= tokens]
-            parser.error(
-                f"--compilation-config: with mode {mode!r}: compile_sizes {never} never run: a step is padded to the "
-                f"next capture size ({sizes}); list capture sizes, or counts above the largest one up to {tokens}"
-            )
 
     max_positions = registry.model_config(args.model).get_text_config().max_position_embeddings
     if args.input_len + args.output_len > max_positions:
@@ -272,22 +206,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.argv, args.prog = given, PROG
     return args
-
-
-def _defining_fields(mode: str) -> str:
-    """``mode`` and its values of ``MODE_DEFINING_FIELDS``, e.g. 'inductor: level 3, use_inductor=True'."""
-    if "enforce_eager" in MODE_KWARGS[mode]:
-        return f"{mode}: level 0"
-    config = mode_config(mode)
-    parts = [f"level {config.level}"] + ([f"use_inductor={config.use_inductor}"] if config.level else [])
-    if config.cudagraph_mode != CompilationConfig(level=config.level).cudagraph_mode:  # not the level's default
-        parts.append(f"cudagraph_mode={config.cudagraph_mode}")
-    return f"{mode}: {', '.join(parts)}"
-
-
-def _changes(overrides: dict[str, Any], mode: str, field: str) -> bool:
-    """Whether ``overrides`` gives ``field`` a value other than compiled ``mode``'s (resolved) one."""
-    return field in overrides and overrides[field] != getattr(mode_config(mode), field)
 
 
 def main(argv: list[str] | None = None) -> None:

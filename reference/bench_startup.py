@@ -2,6 +2,10 @@
 
 ``python -m reference.bench_startup --model llama-3.1-8b --modes no_inductor,inductor --output-json startup.json``
 
+``--compilation-config`` (``-O.FIELD=VALUE`` and vLLM's other spellings, as in ``bench_latency``) changes the
+compiled modes' configs, e.g. ``--modes inductor -O.use_inductor_graph_partition=true`` times Inductor's graph
+partition against the FX split; ``-O<n>`` picks the mode vLLM's optimization level stands for.
+
 Per mode: a cold start (its compiler-cache folder emptied), then a warm start (the cache the cold one filled),
 each split into import, weights, compile (trace, split, pieces), capture and first step; ``ready`` is compile
 + capture, the mode's own share (:mod:`reference.benchmark.startup` says what each phase holds). The caches
@@ -35,6 +39,7 @@ from reference.benchmark.cli import (
     non_empty_path,
     positive_int,
 )
+from reference.benchmark.overrides import add_compilation_flags, check_overrides, level_mode, parse_with_vllm_spellings
 
 PROG = "python -m reference.bench_startup"
 COLUMNS = ("import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s")
@@ -56,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--modes",
         type=mode_names,
-        default=list(MODE_KWARGS),
+        default=None,
         help=f"comma-separated, run in this order (default: {','.join(MODE_KWARGS)})",
     )
+    add_compilation_flags(parser)
     parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step" + default)
     parser.add_argument("--input-len", type=positive_int, default=32, help="prompt tokens per sequence" + default)
     parser.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto", help="as LLM(dtype=...)" + default)
@@ -116,16 +122,25 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point: prints the table, writes ``--output-json``.
 
-    The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device}, "rows": [{"mode",
+    The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device,
+    compilation_config_overrides (only with --compilation-config)}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
-    "compile_cache_hits", "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "dtype" (the one
-    used)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
+    "compile_cache_hits", "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "compilation_config"
+    (the config the start ran, resolved), "dtype" (the one used)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
     "command"}, "stopped"
     (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
     finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start) or 130.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_with_vllm_spellings(parser, list(sys.argv[1:] if argv is None else argv))
+    args.modes = [mode] if (mode := level_mode(parser, args)) else args.modes or list(MODE_KWARGS)
+    check_overrides(
+        parser,
+        args.compilation_config,
+        args.modes,
+        max_num_seqs=args.batch_size,
+        max_num_batched_tokens=args.batch_size * args.input_len,
+    )
     _check_before_any_start(parser, args)
     import torch
 
@@ -135,12 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     from reference.engine.arguments import resolve_device
 
     device = resolve_device(args.device)
-    settings = {"batch_size": args.batch_size, "input_len": args.input_len, "dtype": args.dtype, "device": str(device)}
+    start = {"batch_size": args.batch_size, "input_len": args.input_len, "dtype": args.dtype, "device": str(device)}
+    settings = dict(start)
+    if args.compilation_config is not None:
+        settings["compilation_config_overrides"] = args.compilation_config
     rows, stopped, status = [], None, 0
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         cache_dir = args.cache_dir or Path(scratch)
         for mode in args.modes:
-            spec = {"model": args.model, "mode": mode, **settings}
+            spec = {"model": args.model, "mode": mode, **start, "overrides": args.compilation_config}
             try:
                 rows += startup.measure_mode(spec, cache_dir)
             except startup.StartupError as err:  # the modes before it are kept

@@ -62,12 +62,14 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
 
     Args:
         spec: the child's arguments: ``model``, ``mode``, ``device`` (None: cuda if available), ``dtype``
-            (``'auto'`` or a name of ``reference.engine.arguments.DTYPES``), ``batch_size``, ``input_len``.
+            (``'auto'`` or a name of ``reference.engine.arguments.DTYPES``), ``batch_size``, ``input_len``,
+            optionally ``overrides`` (fields over a compiled mode's config, or None).
         cache_dir: folder holding one cache folder per mode; this mode's is deleted before the cold start.
 
     Returns:
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
-        (seconds), ``compile_cache_hits``, ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``.
+        (seconds), ``compile_cache_hits``, ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``,
+        ``compilation_config`` (the config the start ran, resolved), ``dtype``.
 
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
@@ -115,7 +117,8 @@ def _child(spec: dict) -> dict:
 
     tokens = batch * prompt  # the prefill, the largest step
     eager = spec["mode"] == "eager"
-    config = engine_config(MODES[spec["mode"]], enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
+    fields = {**MODES[spec["mode"]], **(spec.get("overrides") or {})}  # bench_startup lets no override reach eager
+    config = engine_config(fields, enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
     ops = CustomOpSelection(config)
     sizes = {"max_num_seqs": batch, "max_model_len": prompt + 1, "max_num_tokens": tokens}
     check_memory_before_build(spec["model"], ops, dtype=dtype, device=device, **sizes)
@@ -140,6 +143,7 @@ def _child(spec: dict) -> dict:
         "inductor_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
         "inductor_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "capture_sizes": list(stats.capture_sizes),
+        "compilation_config": config.describe(),
         "dtype": str(dtype).removeprefix("torch."),
     }
 

@@ -1,8 +1,9 @@
 """Saved ``bench_startup`` documents (``python -m reference.bench_startup --output-json``) for the report: each
 mode's cold and warm start side by side.
 
-A :class:`StartupRow` is one (model, GPU, mode): its ``ready`` seconds (compile + capture, weights excluded)
-cold and warm. Where several files give the same key, the newest run (by its recorded date) is kept.
+A :class:`StartupRow` is one (model, GPU, mode, config overrides): its ``ready`` seconds (compile + capture,
+weights excluded) cold and warm. Where several files give the same key, the newest run (by its recorded date)
+is kept.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class StartupRow:
     """One mode's cold and warm start.
 
     Attributes:
-        model, mode: as the tool ran them. cold_ready_s, warm_ready_s: compile + capture, seconds.
+        model, mode: as the tool ran them. overrides: its ``--compilation-config`` as compact JSON with sorted
+            keys ('' without one). cold_ready_s, warm_ready_s: compile + capture, seconds.
         warm_hit: whether the warm start was served by the project's compile cache; None in files written
             before the cache existed (no ``compile_cache_hits`` field).
         gpu (None on a CPU), torch, date (ISO), source: where and when it ran, and the file.
@@ -28,6 +30,7 @@ class StartupRow:
 
     model: str
     mode: str
+    overrides: str
     cold_ready_s: float
     warm_ready_s: float
     warm_hit: bool | None
@@ -37,8 +40,13 @@ class StartupRow:
     source: str
 
     @property
-    def key(self) -> tuple[str, str | None, str]:
-        return self.model, self.gpu, self.mode
+    def key(self) -> tuple[str, str | None, str, str]:
+        return self.model, self.gpu, self.mode, self.overrides
+
+    @property
+    def label(self) -> str:
+        """The mode as the table shows it: with ``-O <overrides>`` where the run had them."""
+        return f"{self.mode} -O {self.overrides}" if self.overrides else self.mode
 
 
 def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
@@ -58,6 +66,10 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
         starts: dict[str, dict[str, dict]] = {}
         for row in doc["rows"]:
             starts.setdefault(row["mode"], {})[row["start"]] = row
+        overrides = doc["settings"].get("compilation_config_overrides")
+        if not isinstance(overrides, (dict, type(None))):
+            raise ResultsError(f"{path}: compilation_config_overrides {overrides!r} is not a dict")
+        overrides_text = "" if overrides is None else json.dumps(overrides, sort_keys=True, separators=(",", ":"))
         rows = []
         for mode, by_start in starts.items():
             if sorted(by_start) != ["cold", "warm"]:
@@ -70,15 +82,14 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
             hits = by_start["warm"].get("compile_cache_hits")
             env = doc["env"]
             rows.append(
-                StartupRow(doc["model"], mode, cold, warm, None if hits is None else hits > 0, env.get("gpu"),
-                           env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
+                StartupRow(doc["model"], mode, overrides_text, cold, warm, None if hits is None else hits > 0,
+                           env.get("gpu"), env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
             )
     except KeyError as err:
         raise ResultsError(f"{path}: a start-up file without the field {err}") from None
     except (TypeError, AttributeError) as err:
         raise ResultsError(f"{path}: a start-up file with a field of the wrong type ({err})") from None
     return rows
-
 
 
 def cold_warm_table(rows: list[StartupRow]) -> str:
@@ -92,5 +103,5 @@ def cold_warm_table(rows: list[StartupRow]) -> str:
         ratio = f"{r.warm_ready_s / r.cold_ready_s:.2f}" if r.cold_ready_s > 0 else "-"
         hit = {True: "yes", False: "no", None: "(no cache yet)"}[r.warm_hit]
         ready = f"{r.cold_ready_s:.2f} | {r.warm_ready_s:.2f}"
-        lines.append(f"| {r.model} | {r.gpu or 'cpu'} | {r.mode} | {ready} | {ratio} | {hit} |")
+        lines.append(f"| {r.model} | {r.gpu or 'cpu'} | {r.label} | {ready} | {ratio} | {hit} |")
     return "\n".join(lines)
