@@ -1,0 +1,244 @@
+"""Triton GEMMs for decode-sized token counts, ``out = x W^T`` for at most 64 rows of x, with the prologue and
+epilogues of a pre-norm decoder fused in (issue 24).
+
+A decode step's GEMM reads a weight of N x K elements for a handful of rows, so its floor is the weight's bytes
+over memory bandwidth (perf/NOTES.md, "The floor"). The kernel streams W once: one program per block of
+``BLOCK_N`` output columns and per slice of K (``SPLIT_K`` slices), each loading [BLOCK_N, BLOCK_K] tiles of W
+with the whole row block of x and accumulating in fp32. With ``SPLIT_K > 1`` each program writes its partial
+sums to a fp32 workspace and takes a ticket from its column block's counter; the program that draws the last
+ticket adds the partials in slice order (so the result does not depend on which program finished last),
+applies the epilogue, writes the output and sets the counter back to 0 for the next launch. One launch,
+deterministic, nothing to zero before it: a CUDA graph captures it as one node. Split-K is the usual answer to
+a GEMM with too few output tiles to fill the GPU; the in-kernel reduction by the last-arriving program is
+stream-K's "fix-up" (Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix
+Multiplication on the GPU", PPoPP 2023).
+
+Prologue ``norm``: the rows of x are RMS-normalised first, rounding where :mod:`reference.ops.layernorm`
+rounds, so the op is ``rms_norm`` then the GEMM but for the order of the sums. Each program reads its rows of
+x whole once for their rstd (M x K elements, from L2), then normalises the tiles it multiplies.
+
+Epilogues (``EPILOGUES``):
+
+* ``'none'``: ``out = round(x W^T)``.
+* ``'residual'``: ``out = round(round(x W^T) + residual)``: the add a pre-norm decoder makes after o_proj and
+  down_proj, rounded as torch's ``y + residual``.
+* ``'silu_and_mul'`` / ``'gelu_tanh_and_mul'``: W is ``[gate; up]`` stacked (2I x K) and ``out`` [M, I] is
+  ``act(gate) * up`` with :mod:`reference.ops.activation`'s rounding points (gate and up rounded to the
+  activation dtype first, then the activation, then the product).
+
+Importing this module needs Triton; it is imported where Triton is available (``reference.ops.library``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EPILOGUES = ("none", "residual", "silu_and_mul", "gelu_tanh_and_mul")
+MAX_ROWS = 64  # the decode-sized token counts the kernel is written for; more rows are a prefill's GEMM
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MAX_TILES = 1 << 16  # column blocks one launch may count: N / BLOCK_N, e.g. 128256 / 16 for an LM head
+
+
+@triton.jit
+def _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride,
+            EPILOGUE: tl.constexpr):  # fmt: skip
+    """Round the fp32 sums ``acc`` [BLOCK_M, BLOCK_N] (and ``acc_up`` for a gated epilogue), apply the
+    epilogue (module doc; 1 residual, 2 SiLU-and-mul, 3 GELU(tanh)-and-mul) and store the real rows and
+    columns."""
+    dtype = out_ptr.dtype.element_ty
+    y = acc.to(dtype)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if EPILOGUE == 1:
+        r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    if EPILOGUE >= 2:
+        g = y.to(tl.float32)
+        if EPILOGUE == 3:  # tanh approximation; tanh(z) = 2 * sigmoid(2z) - 1
+            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
+        else:
+            act = g / (1.0 + tl.exp(-g))
+        y = (act.to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, out_ptr, res_ptr, g_ptr, partial_ptr, count_ptr,
+    M, N, K, x_stride, w_stride, out_stride, res_stride, eps, weight_offset, k_per_split,
+    NORM: tl.constexpr, OFFSET_STYLE: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns; for a gated epilogue, W's gate rows
+    col_ok = cols < N
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * w_stride  # an LM head's N x K passes 2**31 in 70B models
+    dtype = x_ptr.dtype.element_ty
+    GATED: tl.constexpr = EPILOGUE >= 2
+
+    if NORM:  # rstd of each row over all of K, whatever slice this program multiplies
+        sum_sq = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)  # fmt: skip
+            sum_sq += tl.sum(xt * xt, axis=1)
+        rstd = tl.rsqrt(sum_sq / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # the up half of a gated epilogue; unused otherwise
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < k_hi
+        xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if NORM:
+            gw = tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            if OFFSET_STYLE:  # Gemma: (1 + w) in fp32, one rounding
+                xt = (xt.to(tl.float32) * rstd[:, None] * (gw + weight_offset)).to(dtype)
+            else:  # Llama: normalise, round, multiply by w, round
+                xt = ((xt.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * gw).to(dtype)
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        wt = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
+        if IEEE:  # fp32 weights: exact fp32 products, as torch's fp32 GEMM without TF32
+            acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+        else:
+            acc += tl.dot(xt, tl.trans(wt))
+        if GATED:  # the up rows sit N rows below the gate rows
+            wu = tl.load(w_rows + N * w_stride + kk[None, :], mask=w_mask, other=0.0)
+            if IEEE:
+                acc_up += tl.dot(xt, tl.trans(wu), input_precision="ieee")
+            else:
+                acc_up += tl.dot(xt, tl.trans(wu))
+
+    if SPLIT_K == 1:
+        _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride, EPILOGUE)
+    else:
+        # partials: [SPLIT_K, 2 if GATED else 1, BLOCK_M, N] fp32
+        halves: tl.constexpr = 2 if GATED else 1
+        tile = rows[:, None] * N + cols[None, :]
+        mine = partial_ptr + pid_k * halves * BLOCK_M * N
+        tl.store(mine + tile, acc, mask=col_ok[None, :])
+        if GATED:
+            tl.store(mine + BLOCK_M * N + tile, acc_up, mask=col_ok[None, :])
+        tl.debug_barrier()  # every thread's partials stored before the ticket releases them
+        ticket = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:  # the last of the column block's programs: add all partials in slice order
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                theirs = partial_ptr + s * halves * BLOCK_M * N
+                acc += tl.load(theirs + tile, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
+                if GATED:
+                    theirs_up = theirs + BLOCK_M * N + tile
+                    acc_up += tl.load(theirs_up, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
+            _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride, EPILOGUE)
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's ticket counters, [_MAX_TILES] int32, all 0 between launches (each launch's last programs
+    set theirs back). Made on first use, which must not be inside a CUDA-graph capture (the runner's warm-up
+    runs every size eagerly first); launches on one stream never overlap, so one set serves every GEMM.
+
+    Raises:
+        RuntimeError: first used while a CUDA graph is being captured.
+    """
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("small_m_linear: first launched inside a CUDA-graph capture; run it once eagerly first")
+        counters = _COUNTERS[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return counters
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, int]:
+    """``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}`` for an [m, k] x [n, k]^T GEMM before any tuning: 64-wide
+    column blocks, and as many K slices (a power of two, each at least 512 wide) as it takes for about two
+    programs per multiprocessor (one on a CPU), so a GEMM with few output tiles still loads from every SM."""
+    block_n, block_k = 64, 128
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    tiles = triton.cdiv(n, block_n)
+    split = 1
+    while tiles * split < 2 * sms and k // (2 * split) >= 512:
+        split *= 2
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "num_warps": 4}
+
+
+def small_m_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    epilogue: str = "none",
+    residual: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, float, float] | None = None,
+    config: dict[str, int] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x W^T`` for at most ``MAX_ROWS`` rows in one launch, with the fused prologue and epilogue (module doc).
+
+    Args:
+        x: [M, K], M <= 64, last dimension contiguous (rows may be strided).
+        weight: [N, K] contiguous, x's dtype; for a gated epilogue [2I, K] with the gate rows first.
+        epilogue: one of ``EPILOGUES``.
+        residual: [M, N] (last dimension contiguous), for ``epilogue='residual'`` only.
+        norm: ``(norm_weight [K], eps, weight_offset)``: RMS-normalise x first (0: Llama's style, 1: Gemma's).
+        config: ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}``; default :func:`default_config`. BLOCK_N and
+            BLOCK_K powers of two >= 16; SPLIT_K >= 1.
+        out: where to write (e.g. rows of a larger static buffer): [M, N], last dimension contiguous, x's
+            dtype; default a new tensor.
+
+    Returns:
+        out: [M, N] ([M, I] for a gated epilogue), x's dtype; only its M rows are written.
+
+    Raises:
+        ValueError: an unknown epilogue, a residual missing or given where the epilogue takes none, more than
+            ``MAX_ROWS`` rows, shapes or dtypes that do not match.
+    """
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
+    if (residual is not None) != (epilogue == "residual"):
+        takes = "one" if epilogue == "residual" else "none"
+        given = "given" if residual is not None else "missing"
+        raise ValueError(f"residual: {given}; epilogue {epilogue!r} takes {takes}")
+    m, k = x.shape
+    n = weight.shape[0] // 2 if epilogue.endswith("_and_mul") else weight.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"x: {m} rows; small_m_linear takes at most {MAX_ROWS}")
+    if weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(
+            f"weight: {tuple(weight.shape)} {weight.dtype} does not fit x {tuple(x.shape)} {x.dtype} (same K and "
+            "dtype, contiguous last dimensions)"
+        )
+    if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):
+        raise ValueError(f"residual: expected [{m}, {n}] with a contiguous last dimension, got {tuple(residual.shape)}")
+    cfg = config or default_config(m, n, k, x.device)
+    block_m = max(16, triton.next_power_of_2(m))
+    split = cfg["SPLIT_K"]
+    k_per_split = triton.cdiv(triton.cdiv(k, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(
+            f"out: expected [{m}, {n}] {x.dtype} with a contiguous last dimension, got {tuple(out.shape)} {out.dtype}"
+        )
+    tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    halves = 2 if epilogue.endswith("_and_mul") else 1
+    partial = torch.empty((split, halves, block_m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
+    g, eps, offset = norm if norm is not None else (x, 0.0, 0.0)  # unread without NORM
+    res = residual if residual is not None else out  # unread without the residual epilogue
+    if m:
+        _small_m_linear_kernel[(tiles, split)](
+            x, weight, out, res, g, partial, _counters(x.device),
+            m, n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset, k_per_split,
+            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, EPILOGUE=EPILOGUES.index(epilogue), SPLIT_K=split,
+            BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], IEEE=x.dtype == torch.float32,
+            num_warps=cfg["num_warps"],
+        )  # fmt: skip
+    return out
