@@ -38,7 +38,8 @@ from reference.ops import (
 # The reference's own components (not the compilation mechanism): skipped for other --impl.
 pytestmark = pytest.mark.requires("components")
 
-CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding", "qk_norm_rope"}
+CORE_OPS = {"rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding", "qk_norm_rope", "rms_norm_linear",
+            "linear_activation", "linear_residual_add"}
 EXACT = dict(rtol=0, atol=0)  # see the module docstring
 
 
@@ -143,10 +144,12 @@ def test_the_selection_records_one_decision_per_layer_built(num_layers):
     config = CompilationConfig(level=0, custom_ops=("-rms_norm",))
     ops = CustomOpSelection(config)
     model = LlamaForCausalLM(small_llama_config(num_hidden_layers=num_layers), ops)
-    # per layer: input and post-attention norms, one SiLU-and-mul; one final norm; one RoPE table shared by all
+    # per layer: input and post-attention norms, one SiLU-and-mul, the three GEMM fusions; one final norm; one
+    # RoPE table shared by all
     assert dict(ops.disabled) == {"rms_norm": 2 * num_layers + 1}
-    assert dict(ops.enabled) == {"silu_and_mul": num_layers, "rotary_embedding": 1}
-    assert ops.summary() == {"enabled": ["rotary_embedding", "silu_and_mul"], "disabled": ["rms_norm"]}
+    fusions = ("linear_activation", "linear_residual_add", "rms_norm_linear")
+    assert dict(ops.enabled) == {"silu_and_mul": num_layers, "rotary_embedding": 1, **dict.fromkeys(fusions, num_layers)}
+    assert ops.summary() == {"enabled": sorted(["rotary_embedding", "silu_and_mul", *fusions]), "disabled": ["rms_norm"]}
     layers = [m for m in model.modules() if isinstance(m, CustomOp)]
     assert layers and all(m.use_custom is (m.name != "rms_norm") for m in layers)
 
@@ -331,6 +334,8 @@ def _sample_calls() -> dict:
         "gelu_tanh_and_mul": (ops.gelu_tanh_and_mul, (x,)),
         "rotary_embedding": (ops.rotary_embedding, (positions, q, k, table, d)),
         "qk_norm_rope": (ops.qk_norm_rope, (positions, q, k, torch.randn(d), torch.randn(d), 1e-6, 0.0, table, d)),
+        "fused_linear_norm_silu": (ops.fused_linear, (x, torch.randn(48, 32), weight, 1e-6, 0.0, "silu_and_mul", None)),
+        "fused_linear_residual": (ops.fused_linear, (x, torch.randn(32, 32), None, 0.0, 0.0, "residual", residual)),
     }
 
 

@@ -5,8 +5,9 @@ Issue 24's targets: our GEMMs at least as fast as cuBLAS on every decode shape o
 fusions paying for themselves. Both are timed as the model meets them, inside a CUDA graph, each weight
 read from memory, not from L2: a shape's graph runs its GEMM over enough distinct weights to pass 4x the L2
 cache (at most ``MAX_COPIES``; perf/NOTES.md, "Small-M GEMMs", measured cuBLAS this way), and the chain's graph
-runs every layer of the model with its own weights. One round is one replay and a synchronize; the figure is per GEMM (per layer
-for the chain), next to its floor, the weight's bytes over the bandwidth the decode floor uses.
+runs every layer of the model with its own weights. One round is one replay and a synchronize; the figure is
+per GEMM (per layer for the chain), next to its floor, the weight's bytes over the bandwidth the decode floor
+uses.
 
 The layer chain is Llama's order for every model (Gemma's extra norms around attention and the MLP, and the
 q/k norms, RoPE and attention of every model, are left out; the attention output is a slice of the qkv

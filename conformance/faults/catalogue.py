@@ -3,12 +3,23 @@ planted (see fault.py for what a fault is, run.py for how one is run).
 
 The faults live by what they break: compilation.py (compile, Dynamo capture, split, config), runner.py
 (runner and engine), ops.py (attention, custom ops, models), sampling.py, parallel.py (tensor parallelism),
-cuda_graphs.py (those only a GPU shows), full_graphs.py (full and breakable graphs) and compile_cache.py.
+cuda_graphs.py (those only a GPU shows), full_graphs.py (full and breakable graphs), compile_cache.py and
+gemm.py (the GEMM fusions and their kernel).
 """
 
 from __future__ import annotations
 
-from conformance.faults import compilation, compile_cache, cuda_graphs, full_graphs, ops, parallel, runner, sampling
+from conformance.faults import (
+    compilation,
+    compile_cache,
+    cuda_graphs,
+    full_graphs,
+    gemm,
+    ops,
+    parallel,
+    runner,
+    sampling,
+)
 from conformance.faults.fault import Fault, FaultImplementation
 
 FAULTS: list[Fault] = [
@@ -20,6 +31,7 @@ FAULTS: list[Fault] = [
     *cuda_graphs.FAULTS,
     *full_graphs.FAULTS,
     *compile_cache.FAULTS,
+    *gemm.FAULTS,
 ]
 
 

@@ -30,6 +30,7 @@ from reference.models.llama import LlamaForCausalLM, LlamaMLP, head_dim
 from reference.models.qwen3 import Qwen3Attention
 from reference.models.rope import rope_frequencies
 from reference.ops import Attention, CustomOpSelection, GeluTanhAndMul, RMSNorm, RotaryEmbedding
+from reference.ops.fused_linear import LinearActivation, RMSNormLinear, norm_gate_up
 from reference.parallel import VocabParallelEmbedding
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -59,7 +60,10 @@ class Gemma3DecoderLayer(nn.Module):
     ``x = x + post_ff_norm(mlp(pre_ff_norm(x)))``. Here the residual stream is carried as
     ``hidden + residual`` with the add deferred: each residual add is fused into the norm that reads its
     sum (``input_layernorm``, ``pre_feedforward_layernorm``, or the next layer's / the final norm),
-    while the post-norms stay plain norms of the sublayer output. Same additions, same order.
+    while the post-norms stay plain norms of the sublayer output. Same additions, same order. The pre-norms
+    and the activation may be fused into the GEMMs beside them (``rms_norm_linear``, ``linear_activation``:
+    :mod:`reference.ops.fused_linear`); a post-norm sits between each output projection and its residual
+    add, so ``linear_residual_add`` has nothing to fuse here.
 
     Args:
         sliding_window: this layer's window (a local layer) or None (a global layer).
@@ -92,16 +96,17 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
         self.mlp = LlamaMLP(config, ops, GeluTanhAndMul)
         self.post_feedforward_layernorm = RMSNorm(ops, h, eps, GEMMA_NORM_OFFSET)
+        self.norm_linear, self.linear_activation = RMSNormLinear(ops), LinearActivation(ops)
 
     def forward(self, positions, hidden, residual):
         # on entry the residual stream is hidden + residual (hidden alone before the first layer)
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden))
-        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)  # residual += attention branch
-        hidden = self.post_feedforward_layernorm(self.mlp(hidden))
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = self.norm_linear(hidden, residual, self.input_layernorm, attn.qkv_proj)
+        hidden = self.post_attention_layernorm(attn.o_proj(attn(positions, qkv)))
+        gated, residual = norm_gate_up(  # residual += attention branch
+            self.norm_linear, self.linear_activation, hidden, residual, self.pre_feedforward_layernorm, mlp
+        )
+        hidden = self.post_feedforward_layernorm(mlp.down_proj(gated))
         return hidden, residual  # the MLP branch joins the stream in the next norm
 
 

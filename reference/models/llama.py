@@ -16,6 +16,7 @@ from transformers import LlamaConfig
 from reference import parallel
 from reference.models.rope import rope_frequencies
 from reference.ops import Attention, CustomOp, CustomOpSelection, RMSNorm, RotaryEmbedding, SiluAndMul
+from reference.ops.fused_linear import LinearActivation, LinearResidualAdd, RMSNormLinear, norm_gate_up
 from reference.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
 # our fused parameter -> the transformers parameters stacked into it, in order (along dim 0)
@@ -40,7 +41,12 @@ def llama_rotary(config: LlamaConfig, ops: CustomOpSelection) -> RotaryEmbedding
 
 
 class LlamaAttention(nn.Module):
-    """qkv projection, RoPE, attention, output projection. ``forward(positions [T], x [T, H]) -> [T, H]``.
+    """The attention sublayer's weights (qkv and output projections) and what runs between them.
+
+    ``forward(positions [T], qkv [T, (Hq + 2 Hkv) D]) -> [T, Hq D]``: RoPE and attention of the qkv
+    projection's output, before the output projection. The decoder layer applies ``qkv_proj`` (behind its
+    norm) and ``o_proj`` (before the residual add), so each can be fused with its neighbour
+    (:mod:`reference.ops.fused_linear`).
 
     Built inside ``parallel.use(tp)``, a rank holds ``1 / tp.size`` of the query and KV heads (column-
     parallel qkv, its KV cache sharded likewise) and the output projection is row-parallel (all-reduced).
@@ -78,10 +84,10 @@ class LlamaAttention(nn.Module):
         scale = d**-0.5 if scale is None else scale
         self.attn = attention_cls(heads, kv_heads, d, scale, layer_name=f"{prefix}.attn", sliding_window=sliding_window)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.position_qk(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.attn(q, k, v)
 
     def position_qk(self, positions, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What q [T, Hq*D] and k [T, Hkv*D] go through before attention: RoPE in Llama (Qwen3 normalises
@@ -90,8 +96,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Gated MLP, SwiGLU by default. ``forward(x [T, H]) -> [T, H]``; column-parallel gate/up and
-    row-parallel down projections under tensor parallelism.
+    """Gated MLP's layers, SwiGLU by default: column-parallel gate/up and row-parallel down projections under
+    tensor parallelism. The decoder layer runs them (``gate_up_proj`` behind its norm, ``down_proj`` before
+    the residual add, each fusable with its neighbour: :mod:`reference.ops.fused_linear`).
 
     Args:
         act_cls: the gated activation layer; :class:`~reference.ops.SiluAndMul` (Llama, Qwen) by default,
@@ -106,15 +113,14 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(width, config.hidden_size, bias=bias)
         self.act_fn = act_cls(ops)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
-
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block. ``forward(positions, hidden [T, H], residual [T, H] | None) -> (hidden, residual)``.
 
-    The residual add is deferred into the next RMSNorm (fused add + norm), so the layer returns the
-    un-added MLP output and the running residual.
+    The residual stream is ``hidden + residual`` (``hidden`` alone where ``residual`` is None): each residual
+    add is deferred into the next RMSNorm (fused add + norm), unless ``linear_residual_add`` makes it at the
+    end of o_proj or down_proj; ``rms_norm_linear`` and ``linear_activation`` fuse the norms and the
+    activation into the GEMMs beside them (:mod:`reference.ops.fused_linear`). Same additions, same order.
     """
 
     self_attn_cls: type[LlamaAttention] = LlamaAttention  # Qwen3 swaps in q/k-normalised attention
@@ -125,15 +131,17 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = self.self_attn_cls(config, ops, rotary, f"{prefix}.self_attn", attention_cls)
         self.post_attention_layernorm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config, ops)
+        self.norm_linear, self.linear_activation = RMSNormLinear(ops), LinearActivation(ops)
+        self.linear_residual_add = LinearResidualAdd(ops)
 
     def forward(self, positions, hidden, residual):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = self.norm_linear(hidden, residual, self.input_layernorm, attn.qkv_proj)
+        hidden, residual = self.linear_residual_add(attn(positions, qkv), residual, attn.o_proj)
+        gated, residual = norm_gate_up(
+            self.norm_linear, self.linear_activation, hidden, residual, self.post_attention_layernorm, mlp
+        )
+        return self.linear_residual_add(gated, residual, mlp.down_proj)
 
 
 class LlamaModel(nn.Module):
@@ -155,8 +163,7 @@ class LlamaModel(nn.Module):
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

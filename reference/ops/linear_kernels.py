@@ -68,7 +68,7 @@ def _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_strid
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, res_ptr, g_ptr, partial_ptr, count_ptr,
     M, N, K, x_stride, w_stride, out_stride, res_stride, eps, weight_offset, k_per_split,
-    NORM: tl.constexpr, OFFSET_STYLE: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
+    NORM: tl.constexpr, OFFSET_STYLE: tl.constexpr, EPILOGUE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -79,7 +79,6 @@ def _small_m_linear_kernel(
     col_ok = cols < N
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * w_stride  # an LM head's N x K passes 2**31 in 70B models
     dtype = x_ptr.dtype.element_ty
-    GATED: tl.constexpr = EPILOGUE >= 2
 
     if NORM:  # rstd of each row over all of K, whatever slice this program multiplies
         sum_sq = tl.zeros([BLOCK_M], tl.float32)
@@ -120,10 +119,9 @@ def _small_m_linear_kernel(
     if SPLIT_K == 1:
         _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride, EPILOGUE)
     else:
-        # partials: [SPLIT_K, 2 if GATED else 1, BLOCK_M, N] fp32
-        halves: tl.constexpr = 2 if GATED else 1
+        # partials: [SPLIT_K, 1 + GATED, BLOCK_M, N] fp32 (the up half after the gate half)
         tile = rows[:, None] * N + cols[None, :]
-        mine = partial_ptr + pid_k * halves * BLOCK_M * N
+        mine = partial_ptr + pid_k * (1 + GATED) * BLOCK_M * N
         tl.store(mine + tile, acc, mask=col_ok[None, :])
         if GATED:
             tl.store(mine + BLOCK_M * N + tile, acc_up, mask=col_ok[None, :])
@@ -133,7 +131,7 @@ def _small_m_linear_kernel(
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
-                theirs = partial_ptr + s * halves * BLOCK_M * N
+                theirs = partial_ptr + s * (1 + GATED) * BLOCK_M * N
                 acc += tl.load(theirs + tile, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
                 if GATED:
                     theirs_up = theirs + BLOCK_M * N + tile
@@ -237,7 +235,8 @@ def small_m_linear(
         _small_m_linear_kernel[(tiles, split)](
             x, weight, out, res, g, partial, _counters(x.device),
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset, k_per_split,
-            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, EPILOGUE=EPILOGUES.index(epilogue), SPLIT_K=split,
+            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, EPILOGUE=EPILOGUES.index(epilogue),
+            GATED=epilogue.endswith("_and_mul"), SPLIT_K=split,
             BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], IEEE=x.dtype == torch.float32,
             num_warps=cfg["num_warps"],
         )  # fmt: skip

@@ -1,0 +1,100 @@
+"""Faults of the GEMM fusions (reference.ops.fused_linear) and of the small-M kernel behind them on CUDA.
+
+The kernel faults are the real kernel's source with one line changed, compiled from a file of their own
+(Triton needs the source in a file), so they follow every other change of the kernel; an anchor that no
+longer matches fails loudly instead of planting nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import inspect
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+from conformance.faults.fault import Fault, patches
+from reference.ops import fused_linear
+from reference.ops.library import HAS_TRITON
+
+_real_fused_linear_op = fused_linear.fused_linear_op
+
+
+@functools.cache
+def _kernel_module_with(anchor: str, replacement: str):
+    """reference.ops.linear_kernels compiled from its source with ``anchor`` (found exactly once) replaced."""
+    from reference.ops import linear_kernels
+
+    src = inspect.getsource(linear_kernels)
+    assert src.count(anchor) == 1, f"the small-M kernel changed: update this fault's anchor {anchor!r}"
+    path = Path(tempfile.mkdtemp(prefix="fault-linear-kernel-")) / "faulty_linear_kernels.py"
+    path.write_text(src.replace(anchor, replacement))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernel_changed(anchor: str, replacement: str):
+    @contextlib.contextmanager
+    def plant():
+        if not HAS_TRITON:  # no kernel runs on a machine without Triton: nothing to plant
+            yield
+            return
+        from reference.ops import linear_kernels
+
+        faulty = _kernel_module_with(anchor, replacement)._small_m_linear_kernel
+        with mock.patch.object(linear_kernels, "_small_m_linear_kernel", faulty):
+            yield
+
+    return plant
+
+
+def _residual_added_twice(x, weight, norm_weight, eps, weight_offset, epilogue, residual):
+    """The residual epilogue adds the residual to the GEMM's output twice."""
+    out = _real_fused_linear_op(x, weight, norm_weight, eps, weight_offset, epilogue, residual)
+    return out + residual if epilogue == "residual" else out
+
+
+# the epilogue's store mask, and the same mask with every row of the tile in it
+_STORE_EVERY_ROW = ("mask = row_ok[:, None] & col_ok[None, :]\n", "mask = (rows >= 0)[:, None] & col_ok[None, :]\n")
+
+FAULTS = [
+    Fault(
+        id="split-k-partial-sum-dropped",
+        kind="ops",
+        description="the small-M GEMM's last program adds all K slices' partial sums but the last, so a split-K "
+        "GEMM misses the products of its last slice of K",
+        plant=_kernel_changed("for s in tl.static_range(SPLIT_K):", "for s in tl.static_range(SPLIT_K - 1):"),
+        tests="test_every_split_of_k_adds_up_to_the_whole_product",
+        device="cuda",
+    ),
+    Fault(
+        id="fused-norm-weight-applied-twice",
+        kind="ops",
+        description="the small-M GEMM's RMSNorm prologue multiplies the normalised activations by the norm's weight "
+        "twice (Llama's style)",
+        plant=_kernel_changed("to(tl.float32) * gw).to(dtype)", "to(tl.float32) * gw * gw).to(dtype)"),
+        tests="test_the_fused_gemm_matches_the_torch_code_it_replaces and llama",
+        device="cuda",
+    ),
+    Fault(
+        id="fused-epilogue-writes-the-padded-rows",
+        kind="ops",
+        description="the small-M GEMM's epilogue stores all BLOCK_M rows of its tile, past the M rows of the output, "
+        "over whatever the memory after them holds",
+        plant=_kernel_changed(*_STORE_EVERY_ROW),
+        tests="test_a_strided_x_and_an_output_view_leave_every_other_row_alone",
+        device="cuda",
+    ),
+    Fault(
+        id="fused-residual-added-twice",
+        kind="ops",
+        description="with linear_residual_add on, o_proj's and down_proj's fused op adds the residual to their "
+        "output twice",
+        plant=patches(mock.patch.object(fused_linear, "fused_linear_op", _residual_added_twice)),
+        tests="test_fused_linear",
+    ),
+]

@@ -1,0 +1,199 @@
+"""The GEMM fusions (``rms_norm_linear``, ``linear_activation``, ``linear_residual_add``): each fused layer against
+the unfused code it replaces, a whole model under every subset of them, and which ops each subset runs.
+
+Tolerances. On a CPU every op runs its torch reference, and the fusions keep the unfused layers' additions in
+their order (the residual add made where the GEMM ends instead of in the next norm adds the same two tensors),
+so fused and unfused give the same bits: asserted exactly, per layer and per whole model. On CUDA a step of at
+most 64 tokens runs the small-M kernel, whose error is bounded in test_linear_kernels.py; a larger one runs the
+unfused kernels, so the same bits again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conformance.helpers import perturb_norms
+from reference.config import CompilationConfig
+from reference.engine import ModelRunner
+from reference.models import registry
+from reference.ops import CustomOpSelection, GeluTanhAndMul, LinearActivation, LinearResidualAdd, RMSNorm, RMSNormLinear
+from reference.ops.fused_linear import norm_gate_up
+from reference.ops.library import HAS_TRITON
+from reference.parallel import ColumnParallelLinear, RowParallelLinear
+
+pytestmark = pytest.mark.requires("components")
+
+EXACT = dict(rtol=0, atol=0)
+FUSIONS = ("rms_norm_linear", "linear_activation", "linear_residual_add")
+BOTH = CustomOpSelection(CompilationConfig(level=0))  # the layer's own choice is irrelevant: both paths are called
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _operands(dtype, seed=0, t=7, h=64, inter=48, bias=False):
+    gen = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(BOTH, h, eps=1e-6)
+    gate_up = ColumnParallelLinear(h, [inter, inter], bias=bias)
+    down = RowParallelLinear(inter, h, bias=bias)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(h, generator=gen))
+        for linear in (gate_up, down):
+            linear.weight.copy_(torch.randn(linear.weight.shape, generator=gen) * linear.in_features**-0.5)
+    hidden, residual = (torch.randn(t, h, generator=gen).to(dtype) for _ in range(2))
+    return norm.to(dtype), gate_up.to(dtype), down.to(dtype), hidden, residual
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("deferred", [True, False], ids=["deferred-add", "stream-alone"])
+def test_the_fused_norm_and_gemm_equal_the_norm_then_the_gemm(dtype, deferred):
+    norm, gate_up, _, hidden, residual = _operands(DTYPES[dtype])
+    residual = residual if deferred else None
+    layer = RMSNormLinear(BOTH)
+    (native, native_stream), (custom, custom_stream) = (
+        f(hidden, residual, norm, gate_up) for f in (layer.forward_native, layer.forward_custom)
+    )
+    stream = hidden + residual if deferred else hidden
+    torch.testing.assert_close(custom_stream, stream, **EXACT)
+    torch.testing.assert_close(native_stream, stream, **EXACT)
+    torch.testing.assert_close(custom, native, **EXACT)
+    torch.testing.assert_close(native, gate_up(norm(stream)), **EXACT)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("act_cls", [None, GeluTanhAndMul], ids=["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    "fuse", list(itertools.product([False, True], repeat=2)), ids=lambda f: f"norm{f[0]:d}-act{f[1]:d}"
+)
+def test_every_way_of_fusing_the_mlp_prologue_gives_the_unfused_bits(dtype, act_cls, fuse):
+    """norm, gate_up and activation: unfused, norm fused, activation fused, or all three in one op."""
+    from reference.ops import SiluAndMul
+
+    norm, gate_up, _, hidden, residual = _operands(DTYPES[dtype], seed=1)
+    mlp = torch.nn.Module()
+    mlp.gate_up_proj, mlp.act_fn = gate_up, (act_cls or SiluAndMul)(BOTH)
+    switched_on = [f"+{name}" for name, on in zip(FUSIONS, fuse) if on]
+    ops = CustomOpSelection(CompilationConfig(level=0, custom_ops=["none", *switched_on]))
+    gated, stream = norm_gate_up(RMSNormLinear(ops), LinearActivation(ops), hidden, residual, norm, mlp)
+    torch.testing.assert_close(stream, hidden + residual, **EXACT)
+    torch.testing.assert_close(gated, mlp.act_fn(gate_up(norm(hidden + residual))), **EXACT)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_the_fused_residual_add_makes_the_add_the_next_norm_would_have_made(dtype):
+    norm, _, down, _, residual = _operands(DTYPES[dtype], seed=2)
+    x = torch.randn(7, 48, generator=torch.Generator().manual_seed(3)).to(DTYPES[dtype])
+    layer = LinearResidualAdd(BOTH)
+    hidden, deferred = layer.forward_native(x, residual, down)
+    stream, nothing = layer.forward_custom(x, residual, down)
+    assert deferred is residual and nothing is None
+    torch.testing.assert_close(stream, hidden + residual, **EXACT)
+    torch.testing.assert_close(norm(stream), norm(hidden, residual)[0], **EXACT)
+
+
+class _ProjectOpCalls(TorchDispatchMode):
+    """Counts the ``reference::`` ops dispatched (the fused op by its epilogue and whether it has a norm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "reference":
+            name = func.name().split("::")[1].split(".")[0]
+            if name == "fused_linear":
+                name += f"[{'norm+' if args[2] is not None else ''}{args[5]}]"
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_biased_linear_is_left_unfused():
+    """The kernel has no bias: a layer with one runs the unfused ops, whatever the switch says."""
+    norm, gate_up, down, hidden, residual = _operands(torch.float32, seed=4, bias=True)
+    x = torch.randn(7, 48)
+    with _ProjectOpCalls() as recorder:
+        RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up)
+        stream, _ = LinearResidualAdd(BOTH).forward_custom(x, residual, down)
+    assert not any(name.startswith("fused_linear") for name in recorder.calls), recorder.calls
+    torch.testing.assert_close(stream, down(x) + residual, **EXACT)
+
+
+def _logits(model_name: str, custom_ops: list[str], recorder=None) -> torch.Tensor:
+    config = CompilationConfig(level=0, custom_ops=custom_ops)
+    net = registry.build_model(model_name, CustomOpSelection(config), dtype=torch.float32, device="cpu", seed=0)
+    perturb_norms(net, seed=5)
+    runner = ModelRunner(net, config, max_num_seqs=2, max_model_len=8)
+    prefill = runner.step([[1, 2, 3], [4, 5]], [0, 0], [0, 1])  # [2, V]
+    with recorder or torch.no_grad():
+        decode = runner.step([[7], [9]], [3, 2], [0, 1])
+    return torch.cat([prefill, decode])
+
+
+def _subsets(model_name: str):
+    usable = FUSIONS if "gemma" not in model_name else FUSIONS[:2]  # Gemma's post-norms leave no residual add to fuse
+    return [s for r in range(len(usable) + 1) for s in itertools.combinations(usable, r)]
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize("model_name", ["llama-tiny", "qwen3-tiny", "gemma-3-tiny"])
+def test_a_model_gives_the_same_bits_under_every_subset_of_the_fusions(model_name):
+    """The layers carry the residual stream deferred or whole depending on the switches (the module doc of
+    reference.ops.fused_linear): a stream dropped or added twice, or a norm reading the wrong half of it,
+    would change the logits."""
+    unfused = _logits(model_name, ["all", *(f"-{n}" for n in FUSIONS)])
+    for subset in _subsets(model_name)[1:]:
+        fused = _logits(model_name, ["all", *(f"-{n}" for n in FUSIONS if n not in subset)])
+        torch.testing.assert_close(fused, unfused, **EXACT, msg=lambda m: f"fusions {subset}: {m}")
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize(
+    "model_name, custom_ops, expected",
+    [
+        ("llama-tiny", ["all"], lambda n: {"fused_linear[norm+none]": n, "fused_linear[residual]": 2 * n,
+                                          "fused_linear[norm+silu_and_mul]": n, "rms_norm": 1}),
+        ("llama-tiny", ["all", "-linear_activation"], lambda n: {"fused_linear[norm+none]": 2 * n,
+                                                                "fused_linear[residual]": 2 * n, "silu_and_mul": n,
+                                                                "rms_norm": 1}),
+        ("llama-tiny", ["all", "-rms_norm_linear"], lambda n: {"rms_norm": 2 * n + 1, "fused_linear[silu_and_mul]": n,
+                                                              "fused_linear[residual]": 2 * n}),
+        ("llama-tiny", ["all", *(f"-{f}" for f in FUSIONS)], lambda n: {"rms_norm": 1, "fused_add_rms_norm": 2 * n,
+                                                                       "silu_and_mul": n}),
+        ("gemma-3-tiny", ["all"], lambda n: {"fused_linear[norm+none]": n, "fused_linear[norm+gelu_tanh_and_mul]": n,
+                                            "rms_norm": 2 * n, "fused_add_rms_norm": 1}),
+    ],
+    ids=["llama-all", "llama-no-activation", "llama-no-norm", "llama-unfused", "gemma-all"],
+)  # fmt: skip
+def test_each_layer_runs_the_ops_the_selection_names(model_name, custom_ops, expected):
+    """The project's ops in one decode step over n layers, RoPE and attention aside. With every fusion on, a
+    Llama layer is four fused GEMMs and no norm or activation op of its own: the o and down GEMMs make the
+    residual adds, so every norm reads its stream whole, the final one too (a plain ``rms_norm``). Unfused,
+    the first layer's norm has no add to make (an ``rms_norm``), the others and the final norm each make one.
+    Gemma keeps its two post-norms per layer and its deferred add into the final norm."""
+    recorder = _ProjectOpCalls()
+    _logits(model_name, custom_ops, recorder)
+    layers = registry.model_config(model_name).get_text_config().num_hidden_layers
+    skipped = ("attention", "rotary_embedding", "qk_norm_rope")
+    assert {name: n for name, n in recorder.calls.items() if name not in skipped} == expected(layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+@pytest.mark.parametrize("tokens", [8, 65], ids=["small-m-kernel", "prefill-unfused-kernels"])
+def test_on_cuda_a_prefill_runs_the_unfused_kernels_and_a_decode_the_fused_one(tokens):
+    """Above 64 rows the op composes today's kernels (the same bits as the unfused layers); at most 64 it runs
+    the small-M kernel, within twice the unfused code's own error against float64."""
+    from conformance.test_linear_kernels import _assert_within_twice_torchs_error
+
+    norm, gate_up, _, hidden, residual = _operands(torch.bfloat16, seed=6, t=tokens)
+    norm, gate_up, hidden, residual = norm.cuda(), gate_up.cuda(), hidden.cuda(), residual.cuda()
+    fused, stream = RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up)
+    unfused, _ = RMSNormLinear(BOTH).forward_native(hidden, residual, norm, gate_up)
+    if tokens > 64:
+        torch.testing.assert_close(fused, unfused, **EXACT)
+    else:
+        nw = (norm.weight, norm.eps, norm.weight_offset)
+        _assert_within_twice_torchs_error(fused, stream, gate_up.weight, "none", None, nw, torch.bfloat16)
