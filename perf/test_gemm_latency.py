@@ -4,32 +4,30 @@ cuBLAS per weight shape, and one decoder layer's GEMM chain as today's ops run i
 Issue 24's targets: our GEMMs at least as fast as cuBLAS on every decode shape of the three models, and the
 fusions paying for themselves. Both are timed as the model meets them, inside a CUDA graph, each weight
 read from memory, not from L2: a shape's graph runs its GEMM over enough distinct weights to pass 4x the L2
-cache (at most ``MAX_COPIES``; perf/NOTES.md, "Small-M GEMMs", measured cuBLAS this way), and the chain's graph
-runs every layer of the model with its own weights. One round is one replay and a synchronize; the figure is
-per GEMM (per layer for the chain), next to its floor, the weight's bytes over the bandwidth the decode floor
-uses.
+cache (:func:`reference.benchmark.gemm.weight_copies`; perf/NOTES.md, "Small-M GEMMs", measured cuBLAS this
+way), and the chain's graph runs every layer of the model with its own weights. One round is one replay and a
+synchronize; the figure is per GEMM (per layer for the chain), next to its floor, the weight's bytes over the
+bandwidth the decode floor uses.
 
 The layer chain is Llama's order for every model (Gemma's extra norms around attention and the MLP, and the
 q/k norms, RoPE and attention of every model, are left out; the attention output is a slice of the qkv
-output): today (custom ops on, as ``no_inductor`` runs them) ``fused_add_rms_norm``, qkv, o,
-``fused_add_rms_norm``, gate_up, the gated activation, down; fused: norm + qkv, o + residual add, norm + gate_up
-+ activation, down + residual add.
+output): today (custom ops on, as ``no_inductor`` ran them before the fusions) ``fused_add_rms_norm``, qkv, o,
+``fused_add_rms_norm``, gate_up, the gated activation, down; fused: norm + qkv, o + residual add, norm +
+gate_up + activation, down + residual add.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from reference.benchmark.gemm import decode_gemms, weight_copies
 from reference.models import registry
 from reference.models.llama import head_dim
 from reference.ops.library import HAS_TRITON
 
 ROUNDS, WARMUP = 30, 3
-MAX_COPIES = 256  # a tiny preset's weights would need thousands of copies to pass L2; their GEMMs are launch-bound
 ROWS = (1, 8, 16, 64)  # decode tokens per step (issue 24: M = 1-16, and up to 64)
 
 
@@ -40,33 +38,18 @@ def cuda_settings(perf_settings):
     return perf_settings
 
 
-def _dims(model: str) -> dict:
-    """The text config's sizes, and what the layer's gated activation and norms are (Gemma: GELU(tanh),
-    ``1 + w``)."""
+def _layer(model: str) -> dict:
+    """What the layer chain needs beside the weight shapes: layers, q width, the norms' eps and style (Gemma:
+    ``1 + w``) and the gated activation."""
     config = registry.model_config(model).get_text_config()
     gemma = "gemma" in config.model_type
     return dict(
-        hidden=config.hidden_size,
-        q=config.num_attention_heads * head_dim(config),
-        kv=config.num_key_value_heads * head_dim(config),
-        inter=config.intermediate_size,
-        vocab=config.vocab_size,
         layers=config.num_hidden_layers,
+        q=config.num_attention_heads * head_dim(config),
         eps=config.rms_norm_eps,
         offset=1.0 if gemma else 0.0,
         epilogue="gelu_tanh_and_mul" if gemma else "silu_and_mul",
     )
-
-
-def _shapes(d: dict) -> dict[str, tuple[int, int]]:
-    """GEMM name -> (N, K) of the weight."""
-    return {
-        "qkv": (d["q"] + 2 * d["kv"], d["hidden"]),
-        "o": (d["hidden"], d["q"]),
-        "gate_up": (2 * d["inter"], d["hidden"]),
-        "down": (d["hidden"], d["inter"]),
-        "lm_head": (d["vocab"], d["hidden"]),
-    }
 
 
 def _graphed(fn, device):
@@ -111,10 +94,10 @@ def test_gemm_latency(benchmark, cuda_settings, bandwidth, perf_report, gemm, ro
     from reference.ops.linear_kernels import small_m_linear
 
     device, dtype = cuda_settings.device, cuda_settings.dtype
-    n, k = _shapes(_dims(cuda_settings.model))[gemm]
+    shape = next(g for g in decode_gemms(cuda_settings.model) if g.name == gemm)
+    n, k = shape.weight_rows, shape.k  # the plain GEMM, on gate_up's whole [2I, K] weight too
     weight_bytes = n * k * dtype.itemsize
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    copies = min(MAX_COPIES, max(2, math.ceil(4 * l2 / weight_bytes)))
+    copies = weight_copies(weight_bytes, device)
     weights = [torch.randn(n, k, device=device, dtype=dtype) * k**-0.5 for _ in range(copies)]
     x = torch.randn(rows, k, device=device, dtype=dtype)
     linear = F.linear if impl == "cublas" else small_m_linear
@@ -135,19 +118,20 @@ def test_layer_gemm_chain_latency(benchmark, cuda_settings, bandwidth, perf_repo
     from reference.ops.linear_kernels import small_m_linear
 
     device, dtype = cuda_settings.device, cuda_settings.dtype
-    d = _dims(cuda_settings.model)
-    shapes = _shapes(d)
+    d = _layer(cuda_settings.model)
+    shapes = {g.name: (g.weight_rows, g.k) for g in decode_gemms(cuda_settings.model) if g.name != "lm_head"}
     gen = torch.Generator(device=device).manual_seed(0)
 
     def weight(name):
         n, k = shapes[name]
         return torch.randn(n, k, device=device, dtype=dtype, generator=gen) * k**-0.5
 
-    layers = [{name: weight(name) for name in ("qkv", "o", "gate_up", "down")} for _ in range(d["layers"])]
-    norm_w = torch.ones(d["hidden"], device=device, dtype=dtype) * (0.0 if d["offset"] else 1.0)
+    layers = [{name: weight(name) for name in shapes} for _ in range(d["layers"])]
+    hidden = shapes["o"][0]
+    norm_w = torch.ones(hidden, device=device, dtype=dtype) * (0.0 if d["offset"] else 1.0)
     eps, offset, act = d["eps"], d["offset"], d["epilogue"]
     act_op = gelu_tanh_and_mul_op if act == "gelu_tanh_and_mul" else silu_and_mul_op
-    x = torch.randn(rows, d["hidden"], device=device, dtype=dtype)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
 
     def today():
         hidden, residual = x, torch.zeros_like(x)
@@ -165,6 +149,6 @@ def test_layer_gemm_chain_latency(benchmark, cuda_settings, bandwidth, perf_repo
             h = small_m_linear(residual, w["gate_up"], norm=(norm_w, eps, offset), epilogue=act)
             residual = small_m_linear(h, w["down"], epilogue="residual", residual=residual)
 
-    weight_bytes = sum(n * k for n, k in (shapes[s] for s in ("qkv", "o", "gate_up", "down"))) * dtype.itemsize
+    weight_bytes = sum(n * k for n, k in shapes.values()) * dtype.itemsize
     replay = _graphed(today if impl == "today" else fused, device)
     _time(benchmark, replay, d["layers"], weight_bytes, rows, bandwidth, perf_report)

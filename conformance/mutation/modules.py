@@ -138,6 +138,17 @@ MODULES: dict[str, Module] = {
             "conformance/test_llm_construction.py",
         ),
     ),
+    "ops.fused": Module(
+        # the GEMM fusions' wiring and references, and the tuned-config table; the small-M kernel runs on CUDA
+        # (or under Triton's interpreter), so its own lines are the hand-written CUDA mutants' business
+        sources=("reference/ops/fused_linear.py", "reference/ops/linear_configs.py"),
+        tests=(
+            "conformance/test_fused_linear.py",
+            "conformance/test_linear_configs.py",
+            "conformance/test_custom_ops.py",
+            "conformance/test_structure.py",
+        ),
+    ),
     "ops.metadata": Module(
         # what attention reads per step, built on the host: the step metadata and a full graph's tables (their
         # flat form, the gap entry over the decodes, the padding); the kernels that read them run on CUDA only

@@ -24,16 +24,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from reference.ops.activation import GatedActivation, gelu_tanh_and_mul_reference, silu_and_mul_reference
+from reference.ops.activation import (
+    GatedActivation,
+    gelu_tanh_and_mul_op,
+    gelu_tanh_and_mul_reference,
+    silu_and_mul_op,
+    silu_and_mul_reference,
+)
 from reference.ops.custom_op import CustomOp
-from reference.ops.layernorm import RMSNorm, rms_norm_reference
+from reference.ops.layernorm import RMSNorm, rms_norm_op, rms_norm_reference
 from reference.ops.library import HAS_TRITON, define_op
+from reference.ops.linear_configs import MAX_ROWS
 
 if HAS_TRITON:
     from reference.ops import linear_kernels
 
-MAX_ROWS = 64  # linear_kernels.MAX_ROWS, which cannot be imported without Triton
 _ACTIVATIONS = {"silu_and_mul": silu_and_mul_reference, "gelu_tanh_and_mul": gelu_tanh_and_mul_reference}
+_ACTIVATION_OPS = {"silu_and_mul": silu_and_mul_op, "gelu_tanh_and_mul": gelu_tanh_and_mul_op}  # Triton on CUDA
 EPILOGUES = ("none", "residual", *_ACTIVATIONS)
 
 
@@ -67,16 +74,12 @@ def fused_linear_reference(
 
 def _fused_linear_cuda(x, weight, norm_weight, eps, weight_offset, epilogue, residual):
     if x.shape[0] > MAX_ROWS:  # a prefill: today's kernels around cuBLAS, which the small-M kernel is not for
-        from reference.ops.activation import gelu_tanh_and_mul_op, silu_and_mul_op
-        from reference.ops.layernorm import rms_norm_op
-
         if norm_weight is not None:
             x = rms_norm_op(x, norm_weight, eps, weight_offset)
         y = F.linear(x, weight)
         if epilogue == "residual":
             return y + residual
-        activation = {"silu_and_mul": silu_and_mul_op, "gelu_tanh_and_mul": gelu_tanh_and_mul_op}.get(epilogue)
-        return y if activation is None else activation(y)
+        return _ACTIVATION_OPS[epilogue](y) if epilogue in _ACTIVATION_OPS else y
     norm = None if norm_weight is None else (norm_weight, eps, weight_offset)
     return linear_kernels.small_m_linear(x, weight, epilogue=epilogue, residual=residual, norm=norm)
 

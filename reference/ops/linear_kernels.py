@@ -31,12 +31,15 @@ Importing this module needs Triton; it is imported where Triton is available (``
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from reference.ops.linear_configs import MAX_ROWS, row_tile, tuned_config
+
 EPILOGUES = ("none", "residual", "silu_and_mul", "gelu_tanh_and_mul")
-MAX_ROWS = 64  # the decode-sized token counts the kernel is written for; more rows are a prefill's GEMM
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MAX_TILES = 1 << 16  # column blocks one launch may count: N / BLOCK_N, e.g. 128256 / 16 for an LM head
 
@@ -156,6 +159,11 @@ def _counters(device: torch.device) -> torch.Tensor:
     return counters
 
 
+@functools.cache
+def _gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, int]:
     """``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}`` for an [m, k] x [n, k]^T GEMM before any tuning: 64-wide
     column blocks, and as many K slices (a power of two, each at least 512 wide) as it takes for about two
@@ -187,7 +195,8 @@ def small_m_linear(
         epilogue: one of ``EPILOGUES``.
         residual: [M, N] (last dimension contiguous), for ``epilogue='residual'`` only.
         norm: ``(norm_weight [K], eps, weight_offset)``: RMS-normalise x first (0: Llama's style, 1: Gemma's).
-        config: ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}``; default :func:`default_config`. BLOCK_N and
+        config: ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}``; default the one tuned for this GPU, shape and row
+            tile (:func:`reference.ops.linear_configs.tuned_config`), else :func:`default_config`. BLOCK_N and
             BLOCK_K powers of two >= 16; SPLIT_K >= 1.
         out: where to write (e.g. rows of a larger static buffer): [M, N], last dimension contiguous, x's
             dtype; default a new tensor.
@@ -206,7 +215,8 @@ def small_m_linear(
         given = "given" if residual is not None else "missing"
         raise ValueError(f"residual: {given}; epilogue {epilogue!r} takes {takes}")
     m, k = x.shape
-    n = weight.shape[0] // 2 if epilogue.endswith("_and_mul") else weight.shape[0]
+    gated = epilogue.endswith("_and_mul")
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"x: {m} rows; small_m_linear takes at most {MAX_ROWS}")
     if weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(1) != 1 or x.stride(1) != 1:
@@ -216,8 +226,8 @@ def small_m_linear(
         )
     if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):
         raise ValueError(f"residual: expected [{m}, {n}] with a contiguous last dimension, got {tuple(residual.shape)}")
-    cfg = config or default_config(m, n, k, x.device)
-    block_m = max(16, triton.next_power_of_2(m))
+    cfg = config or tuned_config(_gpu_name(x.device), n, k, m, gated) or default_config(m, n, k, x.device)
+    block_m = row_tile(m)
     split = cfg["SPLIT_K"]
     k_per_split = triton.cdiv(triton.cdiv(k, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     if out is None:
@@ -227,8 +237,7 @@ def small_m_linear(
             f"out: expected [{m}, {n}] {x.dtype} with a contiguous last dimension, got {tuple(out.shape)} {out.dtype}"
         )
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    halves = 2 if epilogue.endswith("_and_mul") else 1
-    partial = torch.empty((split, halves, block_m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
+    partial = torch.empty((split, 1 + gated, block_m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
     g, eps, offset = norm if norm is not None else (x, 0.0, 0.0)  # unread without NORM
     res = residual if residual is not None else out  # unread without the residual epilogue
     if m:
@@ -236,7 +245,7 @@ def small_m_linear(
             x, weight, out, res, g, partial, _counters(x.device),
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset, k_per_split,
             NORM=norm is not None, OFFSET_STYLE=offset != 0.0, EPILOGUE=EPILOGUES.index(epilogue),
-            GATED=epilogue.endswith("_and_mul"), SPLIT_K=split,
+            GATED=gated, SPLIT_K=split,
             BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], IEEE=x.dtype == torch.float32,
             num_warps=cfg["num_warps"],
         )  # fmt: skip

@@ -1,0 +1,166 @@
+"""The small-M GEMM's tuned configs: the table's checks, the lookup the kernel makes, and the tuning tool's
+flags and merge (``python -m reference.tune_gemm``). The timings themselves need a GPU; the sweep runs here
+only under Triton's interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from reference import tune_gemm
+from reference.ops import linear_configs
+from reference.ops.library import HAS_TRITON
+from reference.ops.linear_configs import check_config, read_table, row_tile, shape_key, tuned_config
+
+pytestmark = pytest.mark.requires("components")
+
+CONFIG = {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4}
+GPU = "NVIDIA H200"
+
+
+@pytest.fixture
+def table_file(tmp_path, monkeypatch):
+    """A config file of the test's own, read afresh."""
+    path = tmp_path / "linear_configs.json"
+    monkeypatch.setattr(linear_configs, "CONFIG_FILE", path)
+    linear_configs._gpu_table.cache_clear()
+    yield path
+    linear_configs._gpu_table.cache_clear()
+
+
+def test_rows_pad_to_the_kernels_row_tiles():
+    assert [row_tile(m) for m in (0, 1, 15, 16, 17, 32, 33, 64)] == [16, 16, 16, 16, 32, 32, 64, 64]
+
+
+def test_the_lookup_finds_a_gpus_shape_and_row_tile_and_nothing_else(table_file):
+    shapes = {shape_key(6144, 4096, False): {"16": {**CONFIG, "us": 15.1}},
+              shape_key(14336, 4096, True): {"64": CONFIG}}  # fmt: skip
+    table_file.write_text(json.dumps({"gpus": {GPU: shapes}, "runs": {}}))
+    assert tuned_config(GPU, 6144, 4096, 8, gated=False) == CONFIG  # "us" is the tool's note, not a launch setting
+    assert tuned_config(GPU, 14336, 4096, 64, gated=True) == CONFIG
+    for gpu, n, k, rows, gated in [("NVIDIA H100", 6144, 4096, 8, False), (GPU, 6144, 4096, 17, False),
+                                   (GPU, 4096, 6144, 8, False), (GPU, 14336, 4096, 64, False)]:  # fmt: skip
+        assert tuned_config(gpu, n, k, rows, gated) is None, (gpu, n, k, rows, gated)
+
+
+def test_no_file_is_no_tuned_config(table_file):
+    assert read_table(table_file) == {"gpus": {}, "runs": {}}
+    assert tuned_config(GPU, 6144, 4096, 8, gated=False) is None
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({**CONFIG, "BLOCK_N": 48}, "BLOCK_N must be a power of two >= 16, got 48"),
+        ({**CONFIG, "BLOCK_K": 8}, "BLOCK_K must be a power of two >= 16, got 8"),
+        ({**CONFIG, "SPLIT_K": 0}, "SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16"),
+        ({**CONFIG, "num_warps": 3}, "SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16"),
+        ({**CONFIG, "SPLIT_K": True}, "expected ints"),
+        ({"BLOCK_N": 32}, "expected a dict of ['BLOCK_N', 'BLOCK_K', 'SPLIT_K', 'num_warps']"),
+        ({**CONFIG, "stages": 3}, "expected a dict of"),
+    ],
+    ids=["block-n", "block-k", "split-k", "warps", "bool", "missing-keys", "unknown-key"],
+)
+def test_a_bad_config_is_one_line_naming_its_entry(config, message):
+    with pytest.raises(ValueError) as error:
+        check_config(config, "file / gpu / shape / 16")
+    assert str(error.value).startswith("file / gpu / shape / 16: ") and message in str(error.value)
+
+
+def test_a_damaged_file_costs_one_warning_and_the_default_configs(table_file):
+    """A start must not fail for a table that only makes GEMMs faster; it must not pass unnoticed either."""
+    table_file.write_text(json.dumps({"gpus": {GPU: {"6144 x 4096": {"16": {**CONFIG, "BLOCK_N": 48}}}}, "runs": {}}))
+    with pytest.raises(ValueError, match=r"linear_configs.json: NVIDIA H200 / 6144 x 4096 / 16: BLOCK_N must be"):
+        read_table(table_file)
+    with pytest.warns(RuntimeWarning, match="small-M GEMM configs not used: .*BLOCK_N must be") as caught:
+        assert tuned_config(GPU, 6144, 4096, 8, gated=False) is None
+        assert tuned_config(GPU, 4096, 4096, 8, gated=False) is None
+    assert len(caught) == 1
+    table_file.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable JSON file"):
+        read_table(table_file)
+    table_file.write_text(json.dumps({"gpus": {GPU: {"6144 x 4096": {"24": CONFIG}}}, "runs": {}}))
+    with pytest.raises(ValueError, match=r"row tile '24' is not one of \[16, 32, 64\]"):
+        read_table(table_file)
+
+
+def test_writing_the_winners_keeps_other_gpus_and_shapes_and_records_the_run(tmp_path):
+    path = tmp_path / "linear_configs.json"
+    other = {"gpus": {"NVIDIA H100": {"4096 x 4096": {"16": CONFIG}}, GPU: {"4096 x 4096": {"64": CONFIG}}},
+             "runs": {"NVIDIA H100": {"date": "2026-12-01"}}}  # fmt: skip
+    path.write_text(json.dumps(other))
+    winners = {("4096 x 4096", 16): {"triton": {"config": {**CONFIG, "SPLIT_K": 4}, "us": 12.345}, "cublas": {}}}
+    tune_gemm.write_configs(winners, {"gpu": GPU, "date": "2026-12-05"}, path)
+    doc = read_table(path)
+    assert doc["gpus"]["NVIDIA H100"] == other["gpus"]["NVIDIA H100"]
+    assert doc["gpus"][GPU]["4096 x 4096"] == {"64": CONFIG, "16": {**CONFIG, "SPLIT_K": 4, "us": 12.35}}
+    assert doc["runs"] == {"NVIDIA H100": {"date": "2026-12-01"}, GPU: {"gpu": GPU, "date": "2026-12-05"}}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "llama-tiny", "--rows", "65"], "argument --rows: the kernel takes at most 64 rows, got 65"),
+        (["--model", "llama-tiny", "--rows", "0,8"], "argument --rows: expected ints >= 1, got [0]"),
+        (["--model", "llama-tiny", "--block-n", "48"], "argument --block-n: expected powers of two >= 16, got [48]"),
+        (["--model", "llama-tiny", "--split-k", "two"], "argument --split-k: expected comma-separated ints"),
+        (["--model", "no-such-model"], "argument --model: "),
+        (["--rows", "8"], "the following arguments are required: --model"),
+    ],
+    ids=["too-many-rows", "zero-rows", "block-n", "split-k", "model", "no-model"],
+)
+def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        tune_gemm.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{tune_gemm.PROG}: error: {message}") and len(err.splitlines()) == 1, err
+
+
+def test_the_cpu_is_the_interpreter_and_never_written_down(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        tune_gemm.main(["--model", "llama-tiny", "--device", "cpu"])
+    assert "--device cpu runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1" in capsys.readouterr().err
+    if HAS_TRITON:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        with pytest.raises(SystemExit):
+            tune_gemm.main(["--model", "llama-tiny", "--device", "cpu", "--write"])
+        assert "--write keeps a GPU's timings" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not (HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"), reason="needs Triton's interpreter"
+)
+def test_the_sweep_times_every_config_beside_cublas_and_the_kernel_uses_the_winner(table_file, tmp_path, monkeypatch):
+    """Under the interpreter the numbers mean nothing; the rows, the winner per (shape, tile) and the lookup that
+    hands the winner to the next launch are the same as on a GPU."""
+    out = tmp_path / "tune.json"
+    sweep = ["--block-n", "32,64", "--block-k", "64", "--split-k", "1", "--num-warps", "4", "--rounds", "1"]
+    argv = ["--model", "llama-tiny", "--device", "cpu", "--dtype", "float16", "--rows", "4", *sweep]
+    argv += ["--output-json", str(out)]
+    tune_gemm.main(argv)
+    rows = json.loads(out.read_text())["rows"]
+    shapes = {r["shape"] for r in rows}
+    assert len(shapes) == 5 and all(r["row_tile"] == 16 for r in rows)
+    assert sorted(r["impl"] for r in rows if r["shape"] == "128 x 64") == ["cublas", "triton", "triton"]
+    winners = tune_gemm.best(rows)
+    table_file.write_text(json.dumps({"gpus": {"cpu": {}}, "runs": {}}))
+    tune_gemm.write_configs(winners, {"gpu": "cpu"}, table_file)
+    linear_configs._gpu_table.cache_clear()
+    from reference.ops import linear_kernels
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs["BLOCK_N"]))
+
+    monkeypatch.setattr(linear_kernels, "_small_m_linear_kernel", Recorder())
+    import torch
+
+    linear_kernels.small_m_linear(torch.randn(4, 64, dtype=torch.float16), torch.randn(128, 64, dtype=torch.float16))
+    best_block_n = winners[("128 x 64", 16)]["triton"]["config"]["BLOCK_N"]
+    assert launches == [((128 // best_block_n, 1), best_block_n)]

@@ -1,0 +1,89 @@
+"""A model's decode GEMMs and how to time one as the model meets it: the weight shapes, and a CUDA graph over
+enough distinct weights that each is read from memory, not from L2 (perf/NOTES.md, "Small-M GEMMs").
+
+Used by ``python -m reference.tune_gemm`` (the small-M kernel's configs) and ``perf/test_gemm_latency.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from reference.models import registry
+from reference.models.llama import head_dim
+
+MAX_COPIES = 256  # a tiny preset's weights would need thousands of copies to pass L2; their GEMMs are launch-bound
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One GEMM of a decoder: ``name`` (qkv, o, gate_up, down, lm_head), its weight [n, k], or [2n, k] with gate
+    and up rows where ``gated`` (gate_up, whose gated activation halves the output)."""
+
+    name: str
+    n: int
+    k: int
+    gated: bool = False
+
+    @property
+    def weight_rows(self) -> int:
+        return 2 * self.n if self.gated else self.n
+
+
+def decode_gemms(model: str) -> list[GemmShape]:
+    """The GEMMs of one decode step of ``model`` (a preset, pretrained name or checkpoint): per layer qkv, o,
+    gate_up and down, and the LM head, with one rank's whole weights.
+
+    Raises:
+        ValueError: an unknown model (:func:`reference.models.registry.model_config`).
+    """
+    config = registry.model_config(model).get_text_config()
+    hidden, d = config.hidden_size, head_dim(config)
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    return [
+        GemmShape("qkv", q + 2 * kv, hidden),
+        GemmShape("o", hidden, q),
+        GemmShape("gate_up", config.intermediate_size, hidden, gated=True),
+        GemmShape("down", hidden, config.intermediate_size),
+        GemmShape("lm_head", config.vocab_size, hidden),
+    ]
+
+
+def weight_copies(weight_bytes: int, device: torch.device) -> int:
+    """How many distinct weights of ``weight_bytes`` a timed graph cycles through so that together they pass 4x
+    the device's L2 cache (at least 2, at most ``MAX_COPIES``); 2 on a CPU."""
+    if device.type != "cuda":
+        return 2
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return min(MAX_COPIES, max(2, math.ceil(4 * l2 / weight_bytes)))
+
+
+def seconds_per_call(run: Callable[[], None], calls: int, device: torch.device, rounds: int = 10) -> float:
+    """Median seconds of one of the ``calls`` GEMMs ``run()`` makes. On CUDA ``run`` is captured in a graph
+    (after one eager run, which compiles its kernels) and each round is one replay between two events; on a CPU
+    each round is one eager ``run()``."""
+    run()
+    if device.type != "cuda":
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) / calls
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()  # the first replay uploads the graph
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3 / calls
