@@ -148,8 +148,10 @@ def test_the_selection_records_one_decision_per_layer_built(num_layers):
     # RoPE table shared by all
     assert dict(ops.disabled) == {"rms_norm": 2 * num_layers + 1}
     fusions = ("linear_activation", "linear_residual_add", "rms_norm_linear")
-    assert dict(ops.enabled) == {"silu_and_mul": num_layers, "rotary_embedding": 1, **dict.fromkeys(fusions, num_layers)}
-    assert ops.summary() == {"enabled": sorted(["rotary_embedding", "silu_and_mul", *fusions]), "disabled": ["rms_norm"]}
+    per_layer = dict.fromkeys(["silu_and_mul", *fusions], num_layers)
+    assert dict(ops.enabled) == {"rotary_embedding": 1, **per_layer}
+    enabled = sorted(["rotary_embedding", "silu_and_mul", *fusions])
+    assert ops.summary() == {"enabled": enabled, "disabled": ["rms_norm"]}
     layers = [m for m in model.modules() if isinstance(m, CustomOp)]
     assert layers and all(m.use_custom is (m.name != "rms_norm") for m in layers)
 
@@ -335,7 +337,8 @@ def _sample_calls() -> dict:
         "rotary_embedding": (ops.rotary_embedding, (positions, q, k, table, d)),
         "qk_norm_rope": (ops.qk_norm_rope, (positions, q, k, torch.randn(d), torch.randn(d), 1e-6, 0.0, table, d)),
         "fused_linear_norm_silu": (ops.fused_linear, (x, torch.randn(48, 32), weight, 1e-6, 0.0, "silu_and_mul", None)),
-        "fused_linear_residual": (ops.fused_linear, (x, torch.randn(32, 32), None, 0.0, 0.0, "residual", residual)),
+        "fused_linear_residual": (ops.fused_linear, (x, torch.randn(40, 32), None, 0.0, 0.0, "residual",
+                                                     torch.randn(t, 40, generator=gen))),
     }
 
 

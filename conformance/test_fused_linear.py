@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,16 @@ from conformance.helpers import perturb_norms
 from reference.config import CompilationConfig
 from reference.engine import ModelRunner
 from reference.models import registry
-from reference.ops import CustomOpSelection, GeluTanhAndMul, LinearActivation, LinearResidualAdd, RMSNorm, RMSNormLinear
+from reference.ops import (
+    CustomOpSelection,
+    GeluTanhAndMul,
+    LinearActivation,
+    LinearResidualAdd,
+    RMSNorm,
+    RMSNormLinear,
+    SiluAndMul,
+)
+from reference.ops import fused_linear
 from reference.ops.fused_linear import norm_gate_up
 from reference.ops.library import HAS_TRITON
 from reference.parallel import ColumnParallelLinear, RowParallelLinear
@@ -70,8 +80,6 @@ def test_the_fused_norm_and_gemm_equal_the_norm_then_the_gemm(dtype, deferred):
 )
 def test_every_way_of_fusing_the_mlp_prologue_gives_the_unfused_bits(dtype, act_cls, fuse):
     """norm, gate_up and activation: unfused, norm fused, activation fused, or all three in one op."""
-    from reference.ops import SiluAndMul
-
     norm, gate_up, _, hidden, residual = _operands(DTYPES[dtype], seed=1)
     mlp = torch.nn.Module()
     mlp.gate_up_proj, mlp.act_fn = gate_up, (act_cls or SiluAndMul)(BOTH)
@@ -110,15 +118,48 @@ class _ProjectOpCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_biased_linear_is_left_unfused():
-    """The kernel has no bias: a layer with one runs the unfused ops, whatever the switch says."""
-    norm, gate_up, down, hidden, residual = _operands(torch.float32, seed=4, bias=True)
+@pytest.mark.parametrize("unfusable", ["bias", "sharded"])
+def test_a_biased_or_sharded_linear_is_left_unfused(unfusable):
+    """The kernel has no bias, and a row-parallel GEMM's all-reduce comes before its residual add: such a layer
+    runs the unfused ops, whatever the switch says, and gives their results."""
+    norm, gate_up, down, hidden, residual = _operands(torch.float32, seed=4, bias=unfusable == "bias")
+    if unfusable == "sharded":  # what a rank of two holds (the all-reduce itself is test_tensor_parallel's)
+        gate_up.tp = down.tp = SimpleNamespace(size=2, rank=0)
+        down.forward = lambda x: torch.nn.functional.linear(x, down.weight)
     x = torch.randn(7, 48)
+    act = SiluAndMul(BOTH)
     with _ProjectOpCalls() as recorder:
-        RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up)
-        stream, _ = LinearResidualAdd(BOTH).forward_custom(x, residual, down)
+        y, stream = RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up, act)
+        gated = LinearActivation(BOTH).forward_custom(hidden, gate_up, act)
+        out, nothing = LinearResidualAdd(BOTH).forward_custom(x, residual, down)
     assert not any(name.startswith("fused_linear") for name in recorder.calls), recorder.calls
-    torch.testing.assert_close(stream, down(x) + residual, **EXACT)
+    torch.testing.assert_close(y, act(gate_up(norm(hidden + residual))), **EXACT)
+    torch.testing.assert_close(stream, hidden + residual, **EXACT)
+    torch.testing.assert_close(gated, act(gate_up(hidden)), **EXACT)
+    torch.testing.assert_close(out, down(x) + residual, **EXACT)
+    assert nothing is None
+
+
+def test_a_plain_linear_without_a_group_is_fused():
+    """An ``nn.Linear`` of a model built without tensor parallelism has no ``tp``: one rank, fusable."""
+    norm, gate_up, _, hidden, _ = _operands(torch.float32, seed=7)
+    plain = torch.nn.Linear(64, 96, bias=False)
+    plain.weight = gate_up.weight
+    act = SiluAndMul(BOTH)
+    with _ProjectOpCalls() as recorder:
+        gated = LinearActivation(BOTH).forward_custom(hidden, plain, act)
+    assert recorder.calls == {"fused_linear[silu_and_mul]": 1}
+    torch.testing.assert_close(gated, act(plain(hidden)), **EXACT)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_the_unfused_norm_linear_applies_the_activation_it_is_given(dtype):
+    norm, gate_up, _, hidden, residual = _operands(DTYPES[dtype], seed=8)
+    act = GeluTanhAndMul(BOTH)
+    y, stream = RMSNormLinear(BOTH).forward_native(hidden, residual, norm, gate_up, act)
+    torch.testing.assert_close(y, act(gate_up(norm(hidden + residual))), **EXACT)
+    custom, _ = RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up, act)
+    torch.testing.assert_close(custom, y, **EXACT)
 
 
 def _logits(model_name: str, custom_ops: list[str], recorder=None) -> torch.Tensor:
@@ -178,6 +219,22 @@ def test_each_layer_runs_the_ops_the_selection_names(model_name, custom_ops, exp
     layers = registry.model_config(model_name).get_text_config().num_hidden_layers
     skipped = ("attention", "rotary_embedding", "qk_norm_rope")
     assert {name: n for name, n in recorder.calls.items() if name not in skipped} == expected(layers)
+
+
+@pytest.mark.parametrize("norm_style", [None, "llama", "gemma"])
+@pytest.mark.parametrize("epilogue", ["none", "residual", "silu_and_mul", "gelu_tanh_and_mul"])
+def test_a_prefills_cuda_path_composes_the_ops_the_reference_composes(norm_style, epilogue):
+    """Above 64 rows the CUDA implementation runs the norm and activation ops around ``F.linear``; its host
+    logic runs on CPU tensors too, where those ops run their references: the reference's bits."""
+    gen = torch.Generator().manual_seed(9)
+    x, weight = torch.randn(65, 32, generator=gen), torch.randn(48, 32, generator=gen)
+    residual = torch.randn(65, 48, generator=gen) if epilogue == "residual" else None
+    norm = (None, 0.0, 0.0)
+    if norm_style is not None:
+        norm = (torch.randn(32, generator=gen), 1e-6, float(norm_style == "gemma"))
+    args = (x, weight, *norm, epilogue, residual)
+    expected = fused_linear.fused_linear_reference(*args)
+    torch.testing.assert_close(fused_linear._fused_linear_cuda(*args), expected, **EXACT)
 
 
 @pytest.mark.gpu

@@ -45,6 +45,16 @@ def test_the_lookup_finds_a_gpus_shape_and_row_tile_and_nothing_else(table_file)
         assert tuned_config(gpu, n, k, rows, gated) is None, (gpu, n, k, rows, gated)
 
 
+def test_a_gated_weight_has_a_key_of_its_own():
+    assert (shape_key(14336, 4096, False), shape_key(14336, 4096, True)) == ("14336 x 4096", "14336 x 4096 gated")
+
+
+def test_the_boundaries_of_a_config_are_accepted():
+    smallest = {**CONFIG, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1}
+    for config in (smallest, *({**CONFIG, "num_warps": w} for w in (1, 2, 4, 8, 16))):
+        assert check_config(config, "x") == config
+
+
 def test_no_file_is_no_tuned_config(table_file):
     assert read_table(table_file) == {"gpus": {}, "runs": {}}
     assert tuned_config(GPU, 6144, 4096, 8, gated=False) is None
@@ -81,6 +91,10 @@ def test_a_damaged_file_costs_one_warning_and_the_default_configs(table_file):
     table_file.write_text("{not json")
     with pytest.raises(ValueError, match="not a readable JSON file"):
         read_table(table_file)
+    for doc in ([], {"gpus": {}}, {"runs": {}}, {"gpus": [], "runs": {}}):
+        table_file.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match=r"linear_configs.json: expected \{'gpus': \{...\}, 'runs': \{...\}\}$"):
+            read_table(table_file)
     table_file.write_text(json.dumps({"gpus": {GPU: {"6144 x 4096": {"24": CONFIG}}}, "runs": {}}))
     with pytest.raises(ValueError, match=r"row tile '24' is not one of \[16, 32, 64\]"):
         read_table(table_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KERNELS = "reference/ops/triton_kernels.py"
+LINEAR = "reference/ops/linear_kernels.py"
 GRAPHS = "reference/compilation/cuda_graph.py"
 
 # the test files that can see each kind of edit (their CUDA cases run: -m gpu)
@@ -19,6 +20,12 @@ KERNEL_TESTS = (
     "conformance/test_triton_kernels.py",
     "conformance/test_llama_oracle.py",
     "conformance/test_qwen3_oracle.py",
+    "conformance/test_gemma3_oracle.py",
+)
+LINEAR_TESTS = (
+    "conformance/test_linear_kernels.py",
+    "conformance/test_fused_linear.py",
+    "conformance/test_llama_oracle.py",
     "conformance/test_gemma3_oracle.py",
 )
 GRAPH_TESTS = (
@@ -47,6 +54,10 @@ class Mutant:
 
 def _kernel(name: str, old: str, new: str, what: str) -> Mutant:
     return Mutant(f"cuda.{name}", KERNELS, old, new, KERNEL_TESTS, what)
+
+
+def _linear(name: str, old: str, new: str, what: str) -> Mutant:
+    return Mutant(f"cuda.{name}", LINEAR, old, new, LINEAR_TESTS, what)
 
 
 def _graph(name: str, path: str, old: str, new: str, what: str) -> Mutant:
@@ -129,4 +140,22 @@ MUTANTS: tuple[Mutant, ...] = (
     _graph("full_graph_address_check_skipped", "reference/compilation/full_graph.py",
            "            if self.debug_addresses:\n                check_addresses(",
            "            if False:\n                check_addresses(", "a full graph's moved input goes unnoticed"),
+    # the small-M GEMM (the faults of conformance/faults/gemm.py aside)
+    _linear("linear_rstd_over_one_tile", "rstd = tl.rsqrt(sum_sq / K + eps)",
+            "rstd = tl.rsqrt(sum_sq / BLOCK_K + eps)", "the norm prologue's mean of squares over a tile's width"),
+    _linear("linear_gemma_offset_dropped", "(gw + weight_offset)).to(dtype)", "gw).to(dtype)",
+            "Gemma's (1 + w) applied as w"),
+    _linear("linear_last_tile_of_each_slice_skipped", "k_hi = tl.minimum(k_lo + k_per_split, K)",
+            "k_hi = tl.minimum(k_lo + k_per_split - BLOCK_K, K)", "each K slice stops one tile short"),
+    _linear("linear_partials_share_one_slot", "mine = partial_ptr + pid_k * (1 + GATED) * BLOCK_M * N",
+            "mine = partial_ptr + 0 * pid_k * (1 + GATED) * BLOCK_M * N",
+            "every K slice writes its partials to slot 0"),
+    _linear("linear_first_arrival_reduces", "if ticket == SPLIT_K - 1:", "if ticket == 0:",
+            "the first program to arrive adds the partials, before the others wrote theirs"),
+    _linear("linear_counter_not_reset", "tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch", "pass",
+            "the ticket counters left counted, so the next launch reduces early"),
+    _linear("linear_gelu_for_silu", "        if EPILOGUE == 3:", "        if EPILOGUE >= 2:",
+            "SiLU-gated MLPs given GELU"),
+    _linear("linear_up_rows_one_early", "wu = tl.load(w_rows + N * w_stride",
+            "wu = tl.load(w_rows + (N - 1) * w_stride", "the up half read one row early"),
 )

@@ -19,8 +19,9 @@ a deferred add it makes the add first: its kernel reads the stream whole). Same 
 as the unfused layer, so on a CPU (where every op runs its reference) both give the same bits.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: torch.library infers the op's schema from the reference's
+# annotations, which then are objects; as strings they must resolve in the function's module, and the
+# mutation tool's wrappers (./run mutate ops.fused) live in another.
 import torch
 import torch.nn.functional as F
 
