@@ -40,6 +40,7 @@ pytestmark = pytest.mark.requires("components")
 
 EXACT = dict(rtol=0, atol=0)
 FUSIONS = ("rms_norm_linear", "linear_activation", "linear_residual_add")
+ALL_FUSED = ["all", *(f"+{name}" for name in FUSIONS)]  # 'all' leaves the (opt-in) fusions off
 BOTH = CustomOpSelection(CompilationConfig(level=0))  # the layer's own choice is irrelevant: both paths are called
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -184,9 +185,9 @@ def test_a_model_gives_the_same_bits_under_every_subset_of_the_fusions(model_nam
     """The layers carry the residual stream deferred or whole depending on the switches (the module doc of
     reference.ops.fused_linear): a stream dropped or added twice, or a norm reading the wrong half of it,
     would change the logits."""
-    unfused = _logits(model_name, ["all", *(f"-{n}" for n in FUSIONS)])
+    unfused = _logits(model_name, ["all"])  # the fusions are opt-in
     for subset in _subsets(model_name)[1:]:
-        fused = _logits(model_name, ["all", *(f"-{n}" for n in FUSIONS if n not in subset)])
+        fused = _logits(model_name, ["all", *(f"+{n}" for n in subset)])
         torch.testing.assert_close(fused, unfused, **EXACT, msg=lambda m: f"fusions {subset}: {m}")
 
 
@@ -194,19 +195,18 @@ def test_a_model_gives_the_same_bits_under_every_subset_of_the_fusions(model_nam
 @pytest.mark.parametrize(
     "model_name, custom_ops, expected",
     [
-        ("llama-tiny", ["all"], lambda n: {"fused_linear[norm+none]": n, "fused_linear[residual]": 2 * n,
-                                          "fused_linear[norm+silu_and_mul]": n, "rms_norm": 1}),
-        ("llama-tiny", ["all", "-linear_activation"], lambda n: {"fused_linear[norm+none]": 2 * n,
-                                                                "fused_linear[residual]": 2 * n, "silu_and_mul": n,
-                                                                "rms_norm": 1}),
-        ("llama-tiny", ["all", "-rms_norm_linear"], lambda n: {"rms_norm": 2 * n + 1, "fused_linear[silu_and_mul]": n,
-                                                              "fused_linear[residual]": 2 * n}),
-        ("llama-tiny", ["all", *(f"-{f}" for f in FUSIONS)], lambda n: {"rms_norm": 1, "fused_add_rms_norm": 2 * n,
-                                                                       "silu_and_mul": n}),
-        ("gemma-3-tiny", ["all"], lambda n: {"fused_linear[norm+none]": n, "fused_linear[norm+gelu_tanh_and_mul]": n,
-                                            "rms_norm": 2 * n, "fused_add_rms_norm": 1}),
+        ("llama-tiny", ALL_FUSED, lambda n: {"fused_linear[norm+none]": n, "fused_linear[residual]": 2 * n,
+                                            "fused_linear[norm+silu_and_mul]": n, "rms_norm": 1}),
+        ("llama-tiny", ["all", "+rms_norm_linear", "+linear_residual_add"],
+         lambda n: {"fused_linear[norm+none]": 2 * n, "fused_linear[residual]": 2 * n, "silu_and_mul": n,
+                    "rms_norm": 1}),
+        ("llama-tiny", ["all", "+linear_activation", "+linear_residual_add"],
+         lambda n: {"rms_norm": 2 * n + 1, "fused_linear[silu_and_mul]": n, "fused_linear[residual]": 2 * n}),
+        ("llama-tiny", ["all"], lambda n: {"rms_norm": 1, "fused_add_rms_norm": 2 * n, "silu_and_mul": n}),
+        ("gemma-3-tiny", ALL_FUSED, lambda n: {"fused_linear[norm+none]": n, "fused_linear[norm+gelu_tanh_and_mul]": n,
+                                              "rms_norm": 2 * n, "fused_add_rms_norm": 1}),
     ],
-    ids=["llama-all", "llama-no-activation", "llama-no-norm", "llama-unfused", "gemma-all"],
+    ids=["llama-fused", "llama-no-activation", "llama-no-norm", "llama-all-unfused", "gemma-fused"],
 )  # fmt: skip
 def test_each_layer_runs_the_ops_the_selection_names(model_name, custom_ops, expected):
     """The project's ops in one decode step over n layers, RoPE and attention aside. With every fusion on, a

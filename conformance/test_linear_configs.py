@@ -113,6 +113,18 @@ def test_writing_the_winners_keeps_other_gpus_and_shapes_and_records_the_run(tmp
     assert doc["runs"] == {"NVIDIA H100": {"date": "2026-12-01"}, GPU: {"gpu": GPU, "date": "2026-12-05"}}
 
 
+def test_the_winner_is_the_fastest_config_that_launched():
+    """A config whose tiles need more shared memory than an SM has fails to launch (the H200 refused 288 KiB of
+    BLOCK_N 128 x BLOCK_K 256 gated tiles): it is recorded, and no candidate."""
+    base = {"shape": "4096 x 4096", "row_tile": 16}
+    rows = [{**base, "impl": "cublas", "us": 12.0}, {**base, "impl": "triton", "config": {"BLOCK_N": 128}, "us": None},
+            {**base, "impl": "triton", "config": {"BLOCK_N": 64}, "us": 13.0},
+            {**base, "impl": "triton", "config": {"BLOCK_N": 32}, "us": 12.5}]  # fmt: skip
+    winners = tune_gemm.best(rows)
+    assert winners[("4096 x 4096", 16)]["triton"]["config"] == {"BLOCK_N": 32}
+    assert winners[("4096 x 4096", 16)]["cublas"]["us"] == 12.0
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

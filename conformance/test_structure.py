@@ -177,13 +177,13 @@ def test_toy_llama_without_splitting_ops_is_one_piece_captured_once_per_size(mod
         _run_toy(compiled, tokens, [4, 2, 2, 2])
 
 
-UNFUSED = ["all", "-rms_norm_linear", "-linear_activation", "-linear_residual_add"]
+FUSED = ["all", "+rms_norm_linear", "+linear_activation", "+linear_residual_add"]  # 'all' leaves them off
 
 
 @pytest.mark.requires("pieces")
 @pytest.mark.no_inductor
 @pytest.mark.parametrize(
-    "custom_ops", [["all"], UNFUSED, ["none"]], ids=["custom_ops=all", "custom_ops=unfused", "custom_ops=none"]
+    "custom_ops", [FUSED, ["all"], ["none"]], ids=["custom_ops=fused", "custom_ops=all", "custom_ops=none"]
 )
 def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_ops, impl):
     num_layers = 2
@@ -198,14 +198,14 @@ def test_enabled_custom_ops_are_single_opaque_nodes_of_the_traced_graph(custom_o
         if node.op == "call_function" and (op_name(node.target) or "").startswith("reference::")
     )
     per_model = {"reference::toy_attention": num_layers}
-    if custom_ops == ["all"]:
+    if custom_ops == FUSED:
         per_model |= {
             # qkv (with its norm), o and down (with the residual adds), gate_up (with its norm and activation)
             "reference::fused_linear": 4 * num_layers,
             "reference::rms_norm": 1,  # the final norm: the GEMMs made every residual add
             "reference::rotary_embedding": num_layers,
         }
-    if custom_ops == UNFUSED:
+    if custom_ops == ["all"]:
         per_model |= {
             "reference::rms_norm": 1,  # the first layer's input norm has no residual to add yet
             "reference::fused_add_rms_norm": 2 * num_layers,  # the other per-layer norms and the final norm

@@ -85,6 +85,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     from reference.benchmark.gemm import decode_gemms, seconds_per_call, weight_copies
     from reference.ops.linear_configs import row_tile, shape_key
     from reference.ops.linear_kernels import small_m_linear
+    from triton.runtime.errors import OutOfResources
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     shapes = {}
@@ -111,16 +112,23 @@ def sweep(args: argparse.Namespace) -> list[dict]:
                 if config["SPLIT_K"] > 1 and gemm.k // config["SPLIT_K"] < config["BLOCK_K"]:
                     continue  # slices narrower than one tile of K: nothing for most programs to add
                 run = lambda: [small_m_linear(x, w, epilogue=epilogue, config=config) for w in weights]  # noqa: E731
-                seconds = seconds_per_call(run, copies, device, args.rounds)
+                try:
+                    seconds = seconds_per_call(run, copies, device, args.rounds)
+                except OutOfResources as err:  # e.g. its tiles need more shared memory than an SM has: no candidate
+                    rows.append({**base, "impl": "triton", "config": config, "us": None, "skipped": str(err)})
+                    continue
                 rows.append({**base, "impl": "triton", "config": config, "us": seconds * 1e6})
             print(f"{key}, {tile}-row tile: done", file=sys.stderr)
     return rows
 
 
 def best(rows: list[dict]) -> dict[tuple[str, int], dict]:
-    """(shape, row tile) -> ``{"triton": fastest config's row, "cublas": cuBLAS's row}``."""
+    """(shape, row tile) -> ``{"triton": fastest config's row, "cublas": cuBLAS's row}``; configs that could
+    not launch (``us`` None) are no candidates."""
     out: dict[tuple[str, int], dict] = {}
     for row in rows:
+        if row["us"] is None:
+            continue
         slot = out.setdefault((row["shape"], row["row_tile"]), {})
         if row["impl"] not in slot or row["us"] < slot[row["impl"]]["us"]:
             slot[row["impl"]] = row

@@ -56,7 +56,8 @@ class CustomOpSelection:
         self.disabled: Counter[str] = Counter()
 
     def is_enabled(self, name: str) -> bool:
-        """Whether op ``name`` uses its custom implementation ('+name'/'-name' win over 'all'/'none').
+        """Whether op ``name`` uses its custom implementation ('+name'/'-name' win over 'all'/'none'; an op whose
+        class sets ``opt_in`` is on only with '+name').
 
         Raises:
             KeyError: ``name`` is not a registered custom op.
@@ -67,7 +68,7 @@ class CustomOpSelection:
             return True
         if f"-{name}" in self.config.custom_ops:
             return False
-        return self.config.custom_ops_default
+        return self.config.custom_ops_default and not _REGISTRY[name].opt_in
 
     def decide(self, name: str) -> bool:
         """:meth:`is_enabled`, recorded in ``enabled`` / ``disabled``."""
@@ -85,10 +86,14 @@ class CustomOp(nn.Module):
 
     Subclasses set ``name`` (the key used in ``custom_ops``) and implement ``forward_native`` and
     ``forward_custom`` with the same signature and semantics. Both must agree to the tolerance the
-    subclass documents; the conformance suite checks it.
+    subclass documents; the conformance suite checks it. A subclass that sets ``opt_in`` is left out of
+    ``'all'`` (and of the default where custom ops are on): only ``'+name'`` turns it on. vLLM has no such
+    ops; here it is for a custom implementation that is right but measured slower than the native one, so
+    that ``'all'`` keeps meaning the fastest set (perf/NOTES.md says which and why).
     """
 
     name: ClassVar[str]
+    opt_in: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

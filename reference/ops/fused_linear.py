@@ -5,8 +5,9 @@ residual add behind (issue 24). Three custom ops, each its own switch in ``custo
 * ``linear_activation``: gate_up_proj, then the gated activation (SiLU or GELU(tanh)-and-mul).
 * ``linear_residual_add``: o_proj or down_proj, then the residual add.
 
-Each is one ``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it
-replaces; on CUDA with Triton, a step of at most ``MAX_ROWS`` tokens runs the small-M kernel of
+All three are opt-in (``'+name'``; ``'all'`` leaves them off): with the kernel's untuned configs the fused
+layer chain measured 1.39x slower than the unfused one on the H200 (perf/NOTES.md, v23). Each is one
+``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it replaces; on CUDA with Triton, a step of at most ``MAX_ROWS`` tokens runs the small-M kernel of
 :mod:`reference.ops.linear_kernels` (norm and activation in one launch where both switches are on at
 gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS). ``-name`` gives back
 the unfused ops at those places, so each fusion can be measured alone (perf/NOTES.md).
@@ -114,6 +115,7 @@ class RMSNormLinear(CustomOp):
     """
 
     name = "rms_norm_linear"
+    opt_in = True  # slower than the unfused ops until the kernel is tuned (module doc)
 
     def forward_native(self, hidden, residual, norm: RMSNorm, linear, activation: GatedActivation | None = None):
         x, stream = (norm(hidden), hidden) if residual is None else norm(hidden, residual)
@@ -133,6 +135,7 @@ class LinearActivation(CustomOp):
     """A gate/up linear layer, then its gated activation. ``forward(x [T, H], linear, activation) -> [T, I]``."""
 
     name = "linear_activation"
+    opt_in = True
 
     def forward_native(self, x, linear, activation: GatedActivation):
         return activation(linear(x))
@@ -151,6 +154,7 @@ class LinearResidualAdd(CustomOp):
     """
 
     name = "linear_residual_add"
+    opt_in = True
 
     def forward_native(self, x, residual, linear):
         return linear(x), residual
