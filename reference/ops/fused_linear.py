@@ -6,11 +6,12 @@ residual add behind (issue 24). Three custom ops, each its own switch in ``custo
 * ``linear_residual_add``: o_proj or down_proj, then the residual add.
 
 All three are opt-in (``'+name'``; ``'all'`` leaves them off): with the kernel's untuned configs the fused
-layer chain measured 1.39x slower than the unfused one on the H200 (perf/NOTES.md, v23). Each is one
-``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it replaces; on CUDA with Triton, a step of at most ``MAX_ROWS`` tokens runs the small-M kernel of
+layer chain measured slower than the unfused one on the H200 (perf/NOTES.md, v23). Each is one
+``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it replaces; on
+CUDA with Triton, a step of at most ``MAX_ROWS`` tokens runs the small-M kernel of
 :mod:`reference.ops.linear_kernels` (norm and activation in one launch where both switches are on at
-gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS). ``-name`` gives back
-the unfused ops at those places, so each fusion can be measured alone (perf/NOTES.md).
+gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS). Where its switch is
+off a place runs the unfused ops, so each fusion can be measured alone (perf/NOTES.md).
 
 The residual stream. Layers carry it as ``(hidden, residual)`` with the add deferred into the next norm (the
 pre-norm decoder's usual trick, :class:`~reference.models.llama.LlamaDecoderLayer`): the stream is
@@ -66,22 +67,23 @@ def fused_linear_reference(
     Returns:
         [T, N] ([T, I] for a gated epilogue), x's dtype.
     """
+    return _composed(rms_norm_reference, _ACTIVATIONS, x, weight, norm_weight, eps, weight_offset, epilogue, residual)
+
+
+def _composed(norm, activations, x, weight, norm_weight, eps, weight_offset, epilogue, residual):
+    """The norm, ``F.linear`` and the epilogue one after another, with ``norm`` and ``activations`` (name ->
+    function) the functions or ops that make them."""
     if norm_weight is not None:
-        x = rms_norm_reference(x, norm_weight, eps, weight_offset)
+        x = norm(x, norm_weight, eps, weight_offset)
     y = F.linear(x, weight)
     if epilogue == "residual":
         return y + residual
-    return _ACTIVATIONS[epilogue](y) if epilogue in _ACTIVATIONS else y
+    return activations[epilogue](y) if epilogue in activations else y
 
 
 def _fused_linear_cuda(x, weight, norm_weight, eps, weight_offset, epilogue, residual):
     if x.shape[0] > MAX_ROWS:  # a prefill: today's kernels around cuBLAS, which the small-M kernel is not for
-        if norm_weight is not None:
-            x = rms_norm_op(x, norm_weight, eps, weight_offset)
-        y = F.linear(x, weight)
-        if epilogue == "residual":
-            return y + residual
-        return _ACTIVATION_OPS[epilogue](y) if epilogue in _ACTIVATION_OPS else y
+        return _composed(rms_norm_op, _ACTIVATION_OPS, x, weight, norm_weight, eps, weight_offset, epilogue, residual)
     norm = None if norm_weight is None else (norm_weight, eps, weight_offset)
     return linear_kernels.small_m_linear(x, weight, epilogue=epilogue, residual=residual, norm=norm)
 
