@@ -466,7 +466,8 @@ def test_modes_resolve_to_their_compilation_settings(mode):
     llm = make_llm("llama-tiny", mode, max_num_seqs=4, max_model_len=40)
     expected_level = 0 if mode in ("eager", "breakable") else 3
     assert llm.config.level == expected_level
-    assert llm.custom_ops["disabled"] == []  # these modes use every custom op
+    # these modes use every custom op but the opt-in GEMM fusions
+    assert llm.custom_ops["disabled"] == ["linear_activation", "linear_residual_add", "rms_norm_linear"]
     # decode sizes up to max_num_seqs, then prefill sizes up to max_num_seqs x max_model_len = 160 tokens
     assert llm.config.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
 
