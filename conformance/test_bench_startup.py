@@ -50,9 +50,11 @@ def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
         (["-O7"], "-O: optimization level expected 0, 1, 2 or 3, got '7'"),
         (["--modes", "inductor", "-O.compile_sizes=[4]", "--batch-size", "2"],
          "--compilation-config: with mode 'inductor': compile_sizes [4] never run"),
+        (["--modes", "no_inductor", "-O.cache_dir=/tmp/x"],
+         "--compilation-config: cache_dir is where bench_startup keeps each mode's caches, emptied before its cold"),
     ],
     ids=["eager-takes-none", "mode-defining", "partition-without-inductor", "unknown-op", "level-and-modes",
-         "bad-level", "compile-size-never-run"],
+         "bad-level", "compile-size-never-run", "a-cache-dir-of-its-own"],
 )  # fmt: skip
 def test_a_config_override_that_cannot_apply_is_refused_before_any_start(argv, message, capsys, monkeypatch):
     """The flags bench_latency takes, checked as it checks them, before any child starts."""

@@ -125,6 +125,18 @@ def test_the_winner_is_the_fastest_config_that_launched():
     assert winners[("4096 x 4096", 16)]["cublas"]["us"] == 12.0
 
 
+def test_a_shape_where_no_config_launched_is_said_and_not_written(tmp_path):
+    """Every config of a sweep can be skipped (K slices narrower than the tiles, or out of resources): the table
+    says so and the file keeps nothing for it; it was a KeyError after the whole sweep."""
+    base = {"shape": "4096 x 4096", "row_tile": 16, "model": "m", "gemm": "o", "rows": 8}
+    rows = [{**base, "impl": "cublas", "us": 12.0}, {**base, "impl": "triton", "config": {"BLOCK_N": 128}, "us": None}]
+    winners = tune_gemm.best(rows)
+    assert "| m | o | 4096 x 4096 | 8 | no config launched | - | - | 12.0 | - |" in tune_gemm.table(winners)
+    path = tmp_path / "linear_configs.json"
+    tune_gemm.write_configs(winners, {"gpu": GPU}, path)
+    assert read_table(path)["gpus"] == {GPU: {}}
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -132,10 +144,12 @@ def test_the_winner_is_the_fastest_config_that_launched():
         (["--model", "llama-tiny", "--rows", "0,8"], "argument --rows: expected ints >= 1, got [0]"),
         (["--model", "llama-tiny", "--block-n", "48"], "argument --block-n: expected powers of two >= 16, got [48]"),
         (["--model", "llama-tiny", "--split-k", "two"], "argument --split-k: expected comma-separated ints"),
+        (["--model", "llama-tiny", "--num-warps", "4,3"],
+         "argument --num-warps: expected some of [1, 2, 4, 8, 16], got [3]"),
         (["--model", "no-such-model"], "argument --model: "),
         (["--rows", "8"], "the following arguments are required: --model"),
     ],
-    ids=["too-many-rows", "zero-rows", "block-n", "split-k", "model", "no-model"],
+    ids=["too-many-rows", "zero-rows", "block-n", "split-k", "warps", "model", "no-model"],
 )
 def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

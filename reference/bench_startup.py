@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     compilation_config_overrides (only with --compilation-config)}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
     "compile_cache_hits", "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "compilation_config"
-    (the config the start ran, resolved), "dtype" (the one used)}], "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
-    "command"}, "stopped"
-    (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
+    (the config the start ran, resolved), "dtype" (the one used)}], "env": {"cpu", "cpu_count", "threads",
+    "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}, "stopped" (only when a mode failed
+    or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
     finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start) or 130.
     """
     parser = build_parser()
@@ -141,6 +141,11 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.batch_size,
         max_num_batched_tokens=args.batch_size * args.input_len,
     )
+    if "cache_dir" in (args.compilation_config or {}):  # it would replace the folder each cold start empties
+        parser.error(
+            "--compilation-config: cache_dir is where bench_startup keeps each mode's caches, emptied before its cold "
+            "start; give --cache-dir instead"
+        )
     _check_before_any_start(parser, args)
     import torch
 

@@ -31,18 +31,23 @@ from reference.benchmark.cli import (
     usage_error,
 )
 
-from reference.ops.linear_configs import MAX_ROWS
+from reference.ops.linear_configs import MAX_ROWS, WARPS
 
 PROG = "python -m reference.tune_gemm"
 DEFAULT_SPACE = {"block_n": [32, 64, 128], "block_k": [128, 256], "split_k": [1, 2, 4, 8], "num_warps": [4, 8]}
 
 
-def _int_list(minimum: int, power_of_two: bool = False):
+def _int_list(minimum: int, power_of_two: bool = False, allowed: tuple[int, ...] | None = None):
     def parse(text: str) -> list[int]:
         try:
             values = [int(v) for v in text.split(",")]
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+        if allowed is not None:
+            bad = [v for v in values if v not in allowed]
+            if bad:
+                raise argparse.ArgumentTypeError(f"expected some of {list(allowed)}, got {bad}")
+            return values
         bad = [v for v in values if v < minimum or (power_of_two and v & (v - 1))]
         if bad:
             kind = f"powers of two >= {minimum}" if power_of_two else f"ints >= {minimum}"
@@ -69,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the interpreter" + default)
     for name, values in DEFAULT_SPACE.items():
         flag, power = "--" + name.replace("_", "-"), name.startswith("block")
-        parser.add_argument(flag, type=_int_list(16 if power else 1, power), default=values,
+        allowed = WARPS if name == "num_warps" else None  # what a config file may hold (linear_configs)
+        parser.add_argument(flag, type=_int_list(16 if power else 1, power, allowed), default=values,
                             help="sweep values" + default)  # fmt: skip
     parser.add_argument("--rounds", type=positive_int, default=10, help="replays timed per config" + default)
     parser.add_argument("--write", action="store_true", help="keep the fastest configs in linear_configs.json")
@@ -124,7 +130,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
 
 def best(rows: list[dict]) -> dict[tuple[str, int], dict]:
     """(shape, row tile) -> ``{"triton": fastest config's row, "cublas": cuBLAS's row}``; configs that could
-    not launch (``us`` None) are no candidates."""
+    not launch (``us`` None) are no candidates, and a slot where none launched has no ``"triton"``."""
     out: dict[tuple[str, int], dict] = {}
     for row in rows:
         if row["us"] is None:
@@ -140,7 +146,12 @@ def table(winners: dict) -> str:
     head = "| model | gemm | weight | rows | best config | us | TB/s | cuBLAS us | cuBLAS / ours |"
     lines = [head, "|" + "---|" * 9]
     for (shape, _), slot in winners.items():
-        ours, cublas = slot["triton"], slot["cublas"]
+        cublas = slot["cublas"]
+        if "triton" not in slot:  # every config skipped: slices too narrow for the tiles, or out of resources
+            lines.append(f"| {cublas['model']} | {cublas['gemm']} | {shape} | {cublas['rows']} | no config launched | "
+                         f"- | - | {cublas['us']:.1f} | - |")  # fmt: skip
+            continue
+        ours = slot["triton"]
         config = ", ".join(f"{k}={v}" for k, v in ours["config"].items())
         rate = ours["weight_bytes"] / ours["us"] / 1e6
         lines.append(f"| {ours['model']} | {ours['gemm']} | {shape} | {ours['rows']} | {config} | {ours['us']:.1f} | "
@@ -157,7 +168,8 @@ def write_configs(winners: dict, env: dict, path: Path) -> None:
     doc = read_table(path)
     gpu = doc["gpus"].setdefault(env["gpu"], {})
     for (shape, tile), slot in winners.items():
-        gpu.setdefault(shape, {})[str(tile)] = {**slot["triton"]["config"], "us": round(slot["triton"]["us"], 2)}
+        if "triton" in slot:
+            gpu.setdefault(shape, {})[str(tile)] = {**slot["triton"]["config"], "us": round(slot["triton"]["us"], 2)}
     doc["runs"][env["gpu"]] = env
     write_whole(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 

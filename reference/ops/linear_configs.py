@@ -20,6 +20,7 @@ from pathlib import Path
 CONFIG_FILE = Path(__file__).with_name("linear_configs.json")
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")
 ROW_TILES = (16, 32, 64)
+WARPS = (1, 2, 4, 8, 16)  # the warps a config may launch with
 MAX_ROWS = ROW_TILES[-1]  # the decode-sized token counts the kernel is written for; more rows are a prefill's GEMM
 
 
@@ -49,7 +50,7 @@ def check_config(config: object, where: str) -> dict[str, int]:
     for key in ("BLOCK_N", "BLOCK_K"):
         if values[key] < 16 or values[key] & (values[key] - 1):
             raise ValueError(f"{where}: {key} must be a power of two >= 16, got {values[key]}")
-    if values["SPLIT_K"] < 1 or values["num_warps"] not in (1, 2, 4, 8, 16):
+    if values["SPLIT_K"] < 1 or values["num_warps"] not in WARPS:
         raise ValueError(f"{where}: SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16, got {values}")
     return values
 
