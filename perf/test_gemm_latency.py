@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference.benchmark.gemm import decode_gemms, weight_copies
+from reference.benchmark.gemm import captured, decode_gemms, weight_copies
 from reference.models import registry
 from reference.models.llama import head_dim
 from reference.ops.library import HAS_TRITON
@@ -53,13 +53,8 @@ def _layer(model: str) -> dict:
 
 
 def _graphed(fn, device):
-    """``fn`` run once eagerly (compiles the kernels, makes the ticket counters), captured, and a function that
-    replays it and waits for it."""
-    fn()
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    """``fn`` captured (:func:`reference.benchmark.gemm.captured`), and a function that replays it and waits."""
+    graph = captured(fn, device)
 
     def replay():
         graph.replay()

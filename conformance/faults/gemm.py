@@ -61,33 +61,34 @@ def _residual_added_twice(x, weight, norm_weight, eps, weight_offset, epilogue, 
 # the epilogue's store mask, and the same mask with every row of the tile in it
 _STORE_EVERY_ROW = ("mask = row_ok[:, None] & col_ok[None, :]\n", "mask = (rows >= 0)[:, None] & col_ok[None, :]\n")
 
+def _kernel_fault(fault_id: str, description: str, anchor: str, replacement: str, tests: str) -> Fault:
+    """A fault of the small-M kernel's source (module doc): only CUDA (or Triton's interpreter) runs it."""
+    return Fault(fault_id, "ops", description, _kernel_changed(anchor, replacement), tests, device="cuda")
+
+
 FAULTS = [
-    Fault(
-        id="split-k-partial-sum-dropped",
-        kind="ops",
-        description="the small-M GEMM's last program adds all K slices' partial sums but the last, so a split-K "
-        "GEMM misses the products of its last slice of K",
-        plant=_kernel_changed("for s in tl.static_range(SPLIT_K):", "for s in tl.static_range(SPLIT_K - 1):"),
+    _kernel_fault(
+        "split-k-partial-sum-dropped",
+        "the small-M GEMM's last program adds all K slices' partial sums but the last, so a split-K GEMM misses "
+        "the products of its last slice of K",
+        "for s in tl.static_range(SPLIT_K):",
+        "for s in tl.static_range(SPLIT_K - 1):",
         tests="test_every_split_of_k_adds_up_to_the_whole_product",
-        device="cuda",
     ),
-    Fault(
-        id="fused-norm-weight-applied-twice",
-        kind="ops",
-        description="the small-M GEMM's RMSNorm prologue multiplies the normalised activations by the norm's weight "
-        "twice (Llama's style)",
-        plant=_kernel_changed("to(tl.float32) * gw).to(dtype)", "to(tl.float32) * gw * gw).to(dtype)"),
+    _kernel_fault(
+        "fused-norm-weight-applied-twice",
+        "the small-M GEMM's RMSNorm prologue multiplies the normalised activations by the norm's weight twice "
+        "(Llama's style)",
+        "to(tl.float32) * gw).to(dtype)",
+        "to(tl.float32) * gw * gw).to(dtype)",
         tests="test_the_fused_gemm_matches_the_torch_code_it_replaces and llama",
-        device="cuda",
     ),
-    Fault(
-        id="fused-epilogue-writes-the-padded-rows",
-        kind="ops",
-        description="the small-M GEMM's epilogue stores all BLOCK_M rows of its tile, past the M rows of the output, "
-        "over whatever the memory after them holds",
-        plant=_kernel_changed(*_STORE_EVERY_ROW),
+    _kernel_fault(
+        "fused-epilogue-writes-the-padded-rows",
+        "the small-M GEMM's epilogue stores all BLOCK_M rows of its tile, past the M rows of the output, over "
+        "whatever the memory after them holds",
+        *_STORE_EVERY_ROW,
         tests="test_a_strided_x_and_an_output_view_leave_every_other_row_alone",
-        device="cuda",
     ),
     Fault(
         id="fused-residual-added-twice",

@@ -63,22 +63,30 @@ def weight_copies(weight_bytes: int, device: torch.device) -> int:
     return min(MAX_COPIES, max(2, math.ceil(4 * l2 / weight_bytes)))
 
 
+def captured(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``run`` run once eagerly (it compiles its kernels and makes what they keep between launches, such as the
+    small-M kernel's ticket counters), then captured in a CUDA graph, which is returned."""
+    run()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph
+
+
 def seconds_per_call(run: Callable[[], None], calls: int, device: torch.device, rounds: int = 10) -> float:
     """Median seconds of one of the ``calls`` GEMMs ``run()`` makes. On CUDA ``run`` is captured in a graph
     (after one eager run, which compiles its kernels) and each round is one replay between two events; on a CPU
     each round is one eager ``run()``."""
-    run()
     if device.type != "cuda":
+        run()
         times = []
         for _ in range(rounds):
             start = time.perf_counter()
             run()
             times.append(time.perf_counter() - start)
         return statistics.median(times) / calls
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = captured(run, device)
     graph.replay()  # the first replay uploads the graph
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
     for start, end in events:
