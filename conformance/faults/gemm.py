@@ -77,10 +77,9 @@ FAULTS = [
     ),
     _kernel_fault(
         "fused-norm-weight-applied-twice",
-        "the small-M GEMM's RMSNorm prologue multiplies the normalised activations by the norm's weight twice "
-        "(Llama's style)",
-        "to(tl.float32) * gw).to(dtype)",
-        "to(tl.float32) * gw * gw).to(dtype)",
+        "the small-M GEMM's RMSNorm prologue multiplies the activations by the norm's weight twice",
+        "xt = (xf * gw[None, :]).to(dtype)",
+        "xt = (xf * gw[None, :] * gw[None, :]).to(dtype)",
         tests="test_the_fused_gemm_matches_the_torch_code_it_replaces and llama",
     ),
     _kernel_fault(

@@ -13,9 +13,16 @@ a GEMM with too few output tiles to fill the GPU; the in-kernel reduction by the
 stream-K's "fix-up" (Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix
 Multiplication on the GPU", PPoPP 2023).
 
-Prologue ``norm``: the rows of x are RMS-normalised first, rounding where :mod:`reference.ops.layernorm`
-rounds, so the op is ``rms_norm`` then the GEMM but for the order of the sums. Each program reads its rows of
-x whole once for their rstd (M x K elements, from L2), then normalises the tiles it multiplies.
+Prologue ``norm``: the rows of x are RMS-normalised first. Each program multiplies the tiles of x it reads by
+the norm's weight (``w`` for Llama, ``1 + w`` for Gemma), rounds them to x's dtype for the tensor cores, and
+adds up the squares of x over its slice of K beside its partial products; the rows' rstd scales the fp32 sums
+once all of K is in (in the program that finishes the column block), before the epilogue. So no program reads
+more of x than it multiplies: v23 of perf/NOTES.md measured the first version, which read every row of x whole
+in every program before its first weight tile, 1.4x slower than the unfused chain. The price is where the
+rounding falls: ``rms_norm`` rounds ``x * rstd`` (and Llama's ``* w`` once more) to the dtype,
+this kernel rounds ``x * w`` and applies rstd in fp32, one rounding fewer; the conformance test bounds both by
+the same multiple of torch's own error. In float16 ``x * w`` must stay below 65504 (float16's largest), where
+the normalised value would not need to; bfloat16 and float32 have float32's range.
 
 Epilogues (``EPILOGUES``):
 
@@ -45,12 +52,16 @@ _MAX_TILES = 1 << 16  # column blocks one launch may count: N / BLOCK_N, e.g. 12
 
 
 @triton.jit
-def _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride,
-            EPILOGUE: tl.constexpr):  # fmt: skip
-    """Round the fp32 sums ``acc`` [BLOCK_M, BLOCK_N] (and ``acc_up`` for a gated epilogue), apply the
-    epilogue (module doc; 1 residual, 2 SiLU-and-mul, 3 GELU(tanh)-and-mul) and store the real rows and
-    columns."""
+def _finish(acc, acc_up, sum_sq, K, eps, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride,
+            NORM: tl.constexpr, EPILOGUE: tl.constexpr):  # fmt: skip
+    """Scale the fp32 sums ``acc`` [BLOCK_M, BLOCK_N] (and ``acc_up`` for a gated epilogue) by the rows' rstd
+    where NORM (``sum_sq`` [BLOCK_M]: their squares over all of K), round them, apply the epilogue (module doc;
+    1 residual, 2 SiLU-and-mul, 3 GELU(tanh)-and-mul) and store the real rows and columns."""
     dtype = out_ptr.dtype.element_ty
+    if NORM:
+        rstd = tl.rsqrt(sum_sq / K + eps)[:, None]
+        acc = acc * rstd
+        acc_up = acc_up * rstd
     y = acc.to(dtype)
     mask = row_ok[:, None] & col_ok[None, :]
     if EPILOGUE == 1:
@@ -71,7 +82,7 @@ def _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_strid
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, res_ptr, g_ptr, partial_ptr, count_ptr,
     M, N, K, x_stride, w_stride, out_stride, res_stride, eps, weight_offset, k_per_split,
-    NORM: tl.constexpr, OFFSET_STYLE: tl.constexpr, EPILOGUE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr,
+    NORM: tl.constexpr, EPILOGUE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -83,15 +94,7 @@ def _small_m_linear_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * w_stride  # an LM head's N x K passes 2**31 in 70B models
     dtype = x_ptr.dtype.element_ty
 
-    if NORM:  # rstd of each row over all of K, whatever slice this program multiplies
-        sum_sq = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & (kk < K)[None, :],
-                         other=0.0).to(tl.float32)  # fmt: skip
-            sum_sq += tl.sum(xt * xt, axis=1)
-        rstd = tl.rsqrt(sum_sq / K + eps)
-
+    sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM: each row's squares over this program's slice of K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # the up half of a gated epilogue; unused otherwise
     k_lo = pid_k * k_per_split
@@ -100,12 +103,11 @@ def _small_m_linear_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < k_hi
         xt = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            gw = tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            if OFFSET_STYLE:  # Gemma: (1 + w) in fp32, one rounding
-                xt = (xt.to(tl.float32) * rstd[:, None] * (gw + weight_offset)).to(dtype)
-            else:  # Llama: normalise, round, multiply by w, round
-                xt = ((xt.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * gw).to(dtype)
+        if NORM:  # x * w rounded for the dot; rstd comes after the sums (module doc)
+            xf = xt.to(tl.float32)
+            sum_sq += tl.sum(xf * xf, axis=1)
+            gw = tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32) + weight_offset
+            xt = (xf * gw[None, :]).to(dtype)
         w_mask = col_ok[:, None] & k_ok[None, :]
         wt = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
         if IEEE:  # fp32 weights: exact fp32 products, as torch's fp32 GEMM without TF32
@@ -120,26 +122,35 @@ def _small_m_linear_kernel(
                 acc_up += tl.dot(xt, tl.trans(wu))
 
     if SPLIT_K == 1:
-        _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride, EPILOGUE)
+        _finish(acc, acc_up, sum_sq, K, eps, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride,
+                NORM, EPILOGUE)  # fmt: skip
     else:
-        # partials: [SPLIT_K, 1 + GATED, BLOCK_M, N] fp32 (the up half after the gate half)
+        # partials: [SPLIT_K, 1 + GATED, BLOCK_M, N] fp32 (the up half after the gate half), then, with NORM,
+        # squares: [column blocks, SPLIT_K, BLOCK_M] fp32 (each column block keeps its own copy of the slices')
         tile = rows[:, None] * N + cols[None, :]
         mine = partial_ptr + pid_k * (1 + GATED) * BLOCK_M * N
         tl.store(mine + tile, acc, mask=col_ok[None, :])
         if GATED:
             tl.store(mine + BLOCK_M * N + tile, acc_up, mask=col_ok[None, :])
+        squares = partial_ptr + SPLIT_K * (1 + GATED) * BLOCK_M * N + pid_n * SPLIT_K * BLOCK_M + rows
+        if NORM:
+            tl.store(squares + pid_k * BLOCK_M, sum_sq)
         tl.debug_barrier()  # every thread's partials stored before the ticket releases them
         ticket = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT_K - 1:  # the last of the column block's programs: add all partials in slice order
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            sum_sq = tl.zeros([BLOCK_M], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 theirs = partial_ptr + s * (1 + GATED) * BLOCK_M * N
                 acc += tl.load(theirs + tile, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
                 if GATED:
                     theirs_up = theirs + BLOCK_M * N + tile
                     acc_up += tl.load(theirs_up, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
-            _finish(acc, acc_up, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride, res_stride, EPILOGUE)
+                if NORM:
+                    sum_sq += tl.load(squares + s * BLOCK_M, cache_modifier=".cg")
+            _finish(acc, acc_up, sum_sq, K, eps, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride,
+                    res_stride, NORM, EPILOGUE)  # fmt: skip
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
 
 
@@ -237,14 +248,17 @@ def small_m_linear(
             f"out: expected [{m}, {n}] {x.dtype} with a contiguous last dimension, got {tuple(out.shape)} {out.dtype}"
         )
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    partial = torch.empty((split, 1 + gated, block_m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
+    # the split-K workspace (kernel comments): partial sums, then the squares of x for the norm
+    squares = tiles * split * block_m if norm is not None else 0
+    size = split * (1 + gated) * block_m * n + squares if split > 1 else 1
+    partial = torch.empty(size, dtype=torch.float32, device=x.device)
     g, eps, offset = norm if norm is not None else (x, 0.0, 0.0)  # unread without NORM
     res = residual if residual is not None else out  # unread without the residual epilogue
     if m:
         _small_m_linear_kernel[(tiles, split)](
             x, weight, out, res, g, partial, _counters(x.device),
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset, k_per_split,
-            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, EPILOGUE=EPILOGUES.index(epilogue),
+            NORM=norm is not None, EPILOGUE=EPILOGUES.index(epilogue),
             GATED=gated, SPLIT_K=split,
             BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], IEEE=x.dtype == torch.float32,
             num_warps=cfg["num_warps"],
