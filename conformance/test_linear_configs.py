@@ -10,6 +10,7 @@ import os
 import pytest
 
 from reference import tune_gemm
+from reference.benchmark.gemm import decode_gemms
 from reference.ops import linear_configs
 from reference.ops.library import HAS_TRITON
 from reference.ops.linear_configs import check_config, read_table, row_tile, shape_key, tuned_config
@@ -181,16 +182,34 @@ def test_the_sweep_times_every_config_beside_cublas_and_the_kernel_uses_the_winn
     sweep = ["--block-n", "32,64", "--block-k", "64", "--split-k", "1", "--num-warps", "4", "--rounds", "1"]
     argv = ["--model", "llama-tiny", "--device", "cpu", "--dtype", "float16", "--rows", "4", *sweep]
     argv += ["--output-json", str(out)]
+    from reference.ops import linear_kernels
+
+    real, called = linear_kernels.small_m_linear, set()
+
+    def spy(x, weight, *, epilogue="none", residual=None, norm=None, **kwargs):
+        called.add((tuple(weight.shape), epilogue, norm is not None, residual is not None))
+        return real(x, weight, epilogue=epilogue, residual=residual, norm=norm, **kwargs)
+
+    monkeypatch.setattr(linear_kernels, "small_m_linear", spy)
     tune_gemm.main(argv)
+    monkeypatch.setattr(linear_kernels, "small_m_linear", real)
+    gemms = {g.name: g for g in decode_gemms("llama-tiny")}
+    assert called == {  # each GEMM timed as the fused model calls it: (weight, epilogue, norm, residual)
+        ((gemms["qkv"].n, gemms["qkv"].k), "none", True, False),
+        ((gemms["o"].n, gemms["o"].k), "residual", False, True),
+        ((2 * gemms["gate_up"].n, gemms["gate_up"].k), "silu_and_mul", True, False),
+        ((gemms["down"].n, gemms["down"].k), "residual", False, True),
+    }
     rows = json.loads(out.read_text())["rows"]
-    shapes = {r["shape"] for r in rows}
-    assert len(shapes) == 5 and all(r["row_tile"] == 16 for r in rows)
+    calls = {r["gemm"]: r["call"] for r in rows if r["impl"] == "triton"}  # the LM head stays on cuBLAS: not swept
+    assert calls == {"qkv": "norm + GEMM", "o": "GEMM + residual", "gate_up": "norm + GEMM + silu_and_mul",
+                     "down": "GEMM + residual"}  # fmt: skip
+    assert all(r["row_tile"] == 16 for r in rows)
     assert sorted(r["impl"] for r in rows if r["shape"] == "128 x 64") == ["cublas", "triton", "triton"]
     winners = tune_gemm.best(rows)
     table_file.write_text(json.dumps({"gpus": {"cpu": {}}, "runs": {}}))
     tune_gemm.write_configs(winners, {"gpu": "cpu"}, table_file)
     linear_configs._gpu_table.cache_clear()
-    from reference.ops import linear_kernels
 
     launches = []
 

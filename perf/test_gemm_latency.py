@@ -39,16 +39,14 @@ def cuda_settings(perf_settings):
 
 
 def _layer(model: str) -> dict:
-    """What the layer chain needs beside the weight shapes: layers, q width, the norms' eps and style (Gemma:
-    ``1 + w``) and the gated activation."""
+    """What the layer chain needs beside the weight shapes: layers, q width and the norms' eps and style (Gemma:
+    ``1 + w``)."""
     config = registry.model_config(model).get_text_config()
-    gemma = "gemma" in config.model_type
     return dict(
         layers=config.num_hidden_layers,
         q=config.num_attention_heads * head_dim(config),
         eps=config.rms_norm_eps,
-        offset=1.0 if gemma else 0.0,
-        epilogue="gelu_tanh_and_mul" if gemma else "silu_and_mul",
+        offset=1.0 if "gemma" in config.model_type else 0.0,
     )
 
 
@@ -114,7 +112,8 @@ def test_layer_gemm_chain_latency(benchmark, cuda_settings, bandwidth, perf_repo
 
     device, dtype = cuda_settings.device, cuda_settings.dtype
     d = _layer(cuda_settings.model)
-    shapes = {g.name: (g.weight_rows, g.k) for g in decode_gemms(cuda_settings.model) if g.name != "lm_head"}
+    gemms = {g.name: g for g in decode_gemms(cuda_settings.model) if g.fused}
+    shapes = {name: (g.weight_rows, g.k) for name, g in gemms.items()}
     gen = torch.Generator(device=device).manual_seed(0)
 
     def weight(name):
@@ -124,7 +123,7 @@ def test_layer_gemm_chain_latency(benchmark, cuda_settings, bandwidth, perf_repo
     layers = [{name: weight(name) for name in shapes} for _ in range(d["layers"])]
     hidden = shapes["o"][0]
     norm_w = torch.ones(hidden, device=device, dtype=dtype) * (0.0 if d["offset"] else 1.0)
-    eps, offset, act = d["eps"], d["offset"], d["epilogue"]
+    eps, offset, act = d["eps"], d["offset"], gemms["gate_up"].epilogue
     act_op = gelu_tanh_and_mul_op if act == "gelu_tanh_and_mul" else silu_and_mul_op
     x = torch.randn(rows, hidden, device=device, dtype=dtype)
 

@@ -2,9 +2,12 @@
 
 ``python -m reference.tune_gemm --model llama-3.1-8b,qwen3-8b,gemma-3-4b --rows 1,8,16,64 --write``
 
-For each weight shape and row tile (the rows padded to 16, 32 or 64) every config of the sweep is timed as
-the model meets it (a CUDA graph over enough distinct weights to read each from memory:
-:mod:`reference.benchmark.gemm`), beside cuBLAS (``F.linear``) on the same weights. The table printed gives
+For each weight shape the model runs on the small-M kernel (with the GEMM fusions on: qkv with the norm in
+front, o and down with the residual add behind, gate_up with both the norm and the gated activation; the LM
+head stays on cuBLAS and is not swept) and each row tile (the rows padded to 16, 32 or 64), every config of the
+sweep is timed as the model meets it: the fused call itself, in a CUDA graph over enough distinct weights to
+read each from memory (:mod:`reference.benchmark.gemm`). cuBLAS's GEMM alone (``F.linear``, without the norm or
+the epilogue) on the same weights is the yardstick beside it. The table printed gives
 the fastest config per shape and tile, its microseconds and TB/s, and cuBLAS's; ``--write`` keeps those
 configs in ``reference/ops/linear_configs.json`` under this GPU's name (with the run: torch, Triton, date,
 command, commit), where the kernel looks them up (:mod:`reference.ops.linear_configs`); ``--output-json``
@@ -96,7 +99,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     shapes = {}
     for model in args.model:
-        for gemm in decode_gemms(model):
+        for gemm in filter(lambda g: g.fused, decode_gemms(model)):
             shapes.setdefault(shape_key(gemm.n, gemm.k, gemm.gated), (model, gemm))
     tiles = {row_tile(r): max(x for x in args.rows if row_tile(x) == row_tile(r)) for r in args.rows}
     configs = [dict(zip(("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps"), c)) for c in
@@ -107,23 +110,27 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         copies = weight_copies(weight_bytes, device)
         shape = (gemm.weight_rows, gemm.k)
         weights = [torch.randn(shape, device=device, dtype=dtype) * gemm.k**-0.5 for _ in range(copies)]
-        epilogue = "silu_and_mul" if gemm.gated else "none"
+        norm = (torch.ones(gemm.k, device=device, dtype=dtype), 1e-6, 0.0) if gemm.norm else None
+        call = " + ".join(["norm"] * gemm.norm + ["GEMM"] + [gemm.epilogue] * (gemm.epilogue != "none"))
         for tile, m in sorted(tiles.items()):
             x = torch.randn(m, gemm.k, device=device, dtype=dtype)
+            residual = torch.randn(m, gemm.n, device=device, dtype=dtype) if gemm.epilogue == "residual" else None
+            fused = dict(epilogue=gemm.epilogue, residual=residual, norm=norm)
             base = {"model": model, "gemm": gemm.name, "shape": key, "rows": m, "row_tile": tile,
                     "weight_bytes": weight_bytes}  # fmt: skip
             cublas = seconds_per_call(lambda: [F.linear(x, w) for w in weights], copies, device, args.rounds)
-            rows.append({**base, "impl": "cublas", "us": cublas * 1e6})
+            rows.append({**base, "impl": "cublas", "call": "GEMM", "us": cublas * 1e6})
             for config in configs:
                 if config["SPLIT_K"] > 1 and gemm.k // config["SPLIT_K"] < config["BLOCK_K"]:
                     continue  # slices narrower than one tile of K: nothing for most programs to add
-                run = lambda: [small_m_linear(x, w, epilogue=epilogue, config=config) for w in weights]  # noqa: E731
+                run = lambda: [small_m_linear(x, w, **fused, config=config) for w in weights]  # noqa: E731
+                ours = {**base, "impl": "triton", "call": call, "config": config}
                 try:
                     seconds = seconds_per_call(run, copies, device, args.rounds)
                 except OutOfResources as err:  # e.g. its tiles need more shared memory than an SM has: no candidate
-                    rows.append({**base, "impl": "triton", "config": config, "us": None, "skipped": str(err)})
+                    rows.append({**ours, "us": None, "skipped": str(err)})
                     continue
-                rows.append({**base, "impl": "triton", "config": config, "us": seconds * 1e6})
+                rows.append({**ours, "us": seconds * 1e6})
             print(f"{key}, {tile}-row tile: done", file=sys.stderr)
     return rows
 
@@ -142,8 +149,9 @@ def best(rows: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def table(winners: dict) -> str:
-    """| model | gemm | shape | rows | best config | us | TB/s | cuBLAS us | cuBLAS / ours |"""
-    head = "| model | gemm | weight | rows | best config | us | TB/s | cuBLAS us | cuBLAS / ours |"
+    """| model | gemm | weight | rows | best config | us | TB/s | cuBLAS us | cuBLAS / ours |, the gemm cell naming
+    the fused call ours times (``o: GEMM + residual``); cuBLAS's column is its GEMM alone."""
+    head = "| model | gemm | weight | rows | best config | us | TB/s | cuBLAS GEMM us | cuBLAS / ours |"
     lines = [head, "|" + "---|" * 9]
     for (shape, _), slot in winners.items():
         cublas = slot["cublas"]
@@ -153,9 +161,9 @@ def table(winners: dict) -> str:
             continue
         ours = slot["triton"]
         config = ", ".join(f"{k}={v}" for k, v in ours["config"].items())
-        rate = ours["weight_bytes"] / ours["us"] / 1e6
-        lines.append(f"| {ours['model']} | {ours['gemm']} | {shape} | {ours['rows']} | {config} | {ours['us']:.1f} | "
-                     f"{rate:.2f} | {cublas['us']:.1f} | {cublas['us'] / ours['us']:.2f} |")  # fmt: skip
+        rate, speedup = ours["weight_bytes"] / ours["us"] / 1e6, cublas["us"] / ours["us"]
+        lines.append(f"| {ours['model']} | {ours['gemm']}: {ours['call']} | {shape} | {ours['rows']} | {config} | "
+                     f"{ours['us']:.1f} | {rate:.2f} | {cublas['us']:.1f} | {speedup:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 

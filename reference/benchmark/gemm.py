@@ -23,16 +23,26 @@ MAX_COPIES = 256  # a tiny preset's weights would need thousands of copies to pa
 @dataclass(frozen=True)
 class GemmShape:
     """One GEMM of a decoder: ``name`` (qkv, o, gate_up, down, lm_head), its weight [n, k], or [2n, k] with gate
-    and up rows where ``gated`` (gate_up, whose gated activation halves the output)."""
+    and up rows where ``gated`` (gate_up, whose gated activation halves the output); and how the model calls
+    the small-M kernel for it with every GEMM fusion on (reference.ops.fused_linear): ``norm``, the RMSNorm
+    prologue (qkv, gate_up), and ``epilogue`` (``'residual'`` for o and down, the gated activation for gate_up).
+    The LM head has neither: it stays on cuBLAS."""
 
     name: str
     n: int
     k: int
     gated: bool = False
+    norm: bool = False
+    epilogue: str = "none"
 
     @property
     def weight_rows(self) -> int:
         return 2 * self.n if self.gated else self.n
+
+    @property
+    def fused(self) -> bool:
+        """Whether the model runs this GEMM on the small-M kernel (with the fusions on)."""
+        return self.norm or self.epilogue != "none"
 
 
 def decode_gemms(model: str) -> list[GemmShape]:
@@ -45,11 +55,12 @@ def decode_gemms(model: str) -> list[GemmShape]:
     config = registry.model_config(model).get_text_config()
     hidden, d = config.hidden_size, head_dim(config)
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    activation = "gelu_tanh_and_mul" if "gemma" in config.model_type else "silu_and_mul"
     return [
-        GemmShape("qkv", q + 2 * kv, hidden),
-        GemmShape("o", hidden, q),
-        GemmShape("gate_up", config.intermediate_size, hidden, gated=True),
-        GemmShape("down", hidden, config.intermediate_size),
+        GemmShape("qkv", q + 2 * kv, hidden, norm=True),
+        GemmShape("o", hidden, q, epilogue="residual"),
+        GemmShape("gate_up", config.intermediate_size, hidden, gated=True, norm=True, epilogue=activation),
+        GemmShape("down", hidden, config.intermediate_size, epilogue="residual"),
         GemmShape("lm_head", config.vocab_size, hidden),
     ]
 
