@@ -128,10 +128,11 @@ def _small_m_linear_kernel(
         # partials: [SPLIT_K, 1 + GATED, BLOCK_M, N] fp32 (the up half after the gate half), then, with NORM,
         # squares: [column blocks, SPLIT_K, BLOCK_M] fp32 (each column block keeps its own copy of the slices')
         tile = rows[:, None] * N + cols[None, :]
+        real = row_ok[:, None] & col_ok[None, :]  # the padding rows' partials are 0: neither stored nor read
         mine = partial_ptr + pid_k * (1 + GATED) * BLOCK_M * N
-        tl.store(mine + tile, acc, mask=col_ok[None, :])
+        tl.store(mine + tile, acc, mask=real)
         if GATED:
-            tl.store(mine + BLOCK_M * N + tile, acc_up, mask=col_ok[None, :])
+            tl.store(mine + BLOCK_M * N + tile, acc_up, mask=real)
         squares = partial_ptr + SPLIT_K * (1 + GATED) * BLOCK_M * N + pid_n * SPLIT_K * BLOCK_M + rows
         if NORM:
             tl.store(squares + pid_k * BLOCK_M, sum_sq)
@@ -143,10 +144,9 @@ def _small_m_linear_kernel(
             sum_sq = tl.zeros([BLOCK_M], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 theirs = partial_ptr + s * (1 + GATED) * BLOCK_M * N
-                acc += tl.load(theirs + tile, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
+                acc += tl.load(theirs + tile, mask=real, other=0.0, cache_modifier=".cg")
                 if GATED:
-                    theirs_up = theirs + BLOCK_M * N + tile
-                    acc_up += tl.load(theirs_up, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
+                    acc_up += tl.load(theirs + BLOCK_M * N + tile, mask=real, other=0.0, cache_modifier=".cg")
                 if NORM:
                     sum_sq += tl.load(squares + s * BLOCK_M, cache_modifier=".cg")
             _finish(acc, acc_up, sum_sq, K, eps, rows, cols, row_ok, col_ok, out_ptr, res_ptr, out_stride,
