@@ -254,3 +254,12 @@ def test_on_cuda_a_prefill_runs_the_unfused_kernels_and_a_decode_the_fused_one(t
     else:
         nw = (norm.weight, norm.eps, norm.weight_offset)
         _assert_within_twice_torchs_error(fused, stream, gate_up.weight, "none", None, nw, torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [4, 65], ids=["decode", "prefill"])
+def test_a_misspelt_epilogue_is_refused_not_run_as_a_plain_gemm(rows):
+    """The reference (and the prefill path on CUDA, which composes the same way) ran a plain GEMM for an epilogue
+    it did not know, where the small-M kernel refuses it: the new-user review of 2026-12-05."""
+    x, weight = torch.randn(rows, 32), torch.randn(64, 32)
+    with pytest.raises(ValueError, match=r"epilogue: expected one of \('none', 'residual', 'silu_and_mul', 'gelu"):
+        fused_linear.fused_linear_op(x, weight, None, 0.0, 0.0, "relu", None)

@@ -52,7 +52,8 @@ def test_a_gated_weight_has_a_key_of_its_own():
 
 def test_the_boundaries_of_a_config_are_accepted():
     smallest = {**CONFIG, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1}
-    for config in (smallest, *({**CONFIG, "num_warps": w} for w in (1, 2, 4, 8, 16))):
+    largest = {**CONFIG, "BLOCK_N": 1024, "BLOCK_K": 1024, "SPLIT_K": 64}
+    for config in (smallest, largest, *({**CONFIG, "num_warps": w} for w in (1, 2, 4, 8, 16))):
         assert check_config(config, "x") == config
 
 
@@ -64,15 +65,20 @@ def test_no_file_is_no_tuned_config(table_file):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({**CONFIG, "BLOCK_N": 48}, "BLOCK_N must be a power of two >= 16, got 48"),
-        ({**CONFIG, "BLOCK_K": 8}, "BLOCK_K must be a power of two >= 16, got 8"),
-        ({**CONFIG, "SPLIT_K": 0}, "SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16"),
-        ({**CONFIG, "num_warps": 3}, "SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16"),
+        ({**CONFIG, "BLOCK_N": 48}, "BLOCK_N must be a power of two from 16 to 1024, got 48"),
+        ({**CONFIG, "BLOCK_K": 8}, "BLOCK_K must be a power of two from 16 to 1024, got 8"),
+        ({**CONFIG, "BLOCK_N": 2048}, "BLOCK_N must be a power of two from 16 to 1024, got 2048"),
+        ({**CONFIG, "SPLIT_K": 0}, "SPLIT_K must be from 1 to 64 and num_warps one of [1, 2, 4, 8, 16]"),
+        ({**CONFIG, "SPLIT_K": 65}, "SPLIT_K must be from 1 to 64"),
+        ({**CONFIG, "num_warps": 3}, "SPLIT_K must be from 1 to 64 and num_warps one of [1, 2, 4, 8, 16]"),
         ({**CONFIG, "SPLIT_K": True}, "expected ints"),
+        ({**CONFIG, "SPLIT_K": 2.0}, "expected ints"),
         ({"BLOCK_N": 32}, "expected a dict of ['BLOCK_N', 'BLOCK_K', 'SPLIT_K', 'num_warps']"),
+        ({}, "expected a dict of"),
         ({**CONFIG, "stages": 3}, "expected a dict of"),
     ],
-    ids=["block-n", "block-k", "split-k", "warps", "bool", "missing-keys", "unknown-key"],
+    ids=["block-n", "block-k", "block-n-too-large", "split-k", "split-k-too-large", "warps", "bool", "float",
+         "missing-keys", "empty", "unknown-key"],  # fmt: skip
 )
 def test_a_bad_config_is_one_line_naming_its_entry(config, message):
     with pytest.raises(ValueError) as error:
@@ -143,14 +149,19 @@ def test_a_shape_where_no_config_launched_is_said_and_not_written(tmp_path):
     [
         (["--model", "llama-tiny", "--rows", "65"], "argument --rows: the kernel takes at most 64 rows, got 65"),
         (["--model", "llama-tiny", "--rows", "0,8"], "argument --rows: expected ints >= 1, got [0]"),
-        (["--model", "llama-tiny", "--block-n", "48"], "argument --block-n: expected powers of two >= 16, got [48]"),
+        (["--model", "llama-tiny", "--block-n", "48"],
+         "argument --block-n: expected powers of two from 16 to 1024, got [48]"),
+        (["--model", "llama-tiny", "--block-k", "128,2048"],
+         "argument --block-k: expected powers of two from 16 to 1024, got [2048]"),
+        (["--model", "llama-tiny", "--split-k", "1,65"], "argument --split-k: expected ints from 1 to 64, got [65]"),
         (["--model", "llama-tiny", "--split-k", "two"], "argument --split-k: expected comma-separated ints"),
         (["--model", "llama-tiny", "--num-warps", "4,3"],
          "argument --num-warps: expected some of [1, 2, 4, 8, 16], got [3]"),
         (["--model", "no-such-model"], "argument --model: "),
         (["--rows", "8"], "the following arguments are required: --model"),
     ],
-    ids=["too-many-rows", "zero-rows", "block-n", "split-k", "warps", "model", "no-model"],
+    ids=["too-many-rows", "zero-rows", "block-n", "block-k-too-large", "split-k-too-large", "split-k", "warps", "model",
+         "no-model"],  # fmt: skip
 )
 def test_a_bad_flag_is_one_line_naming_it(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -165,6 +176,9 @@ def test_the_cpu_is_the_interpreter_and_never_written_down(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         tune_gemm.main(["--model", "llama-tiny", "--device", "cpu"])
     assert "--device cpu runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the refusal that holds whatever is set comes first
+        tune_gemm.main(["--model", "llama-tiny", "--device", "cpu", "--write"])
+    assert "--write keeps a GPU's timings" in capsys.readouterr().err
     if HAS_TRITON:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         with pytest.raises(SystemExit):
@@ -180,7 +194,7 @@ def test_the_sweep_times_every_config_beside_cublas_and_the_kernel_uses_the_winn
     hands the winner to the next launch are the same as on a GPU."""
     out = tmp_path / "tune.json"
     sweep = ["--block-n", "32,64", "--block-k", "64", "--split-k", "1", "--num-warps", "4", "--rounds", "1"]
-    argv = ["--model", "llama-tiny", "--device", "cpu", "--dtype", "float16", "--rows", "4", *sweep]
+    argv = ["--model", "llama-tiny,qwen3-tiny", "--device", "cpu", "--dtype", "float16", "--rows", "4", *sweep]
     argv += ["--output-json", str(out)]
     from reference.ops import linear_kernels
 
@@ -193,6 +207,8 @@ def test_the_sweep_times_every_config_beside_cublas_and_the_kernel_uses_the_winn
     monkeypatch.setattr(linear_kernels, "small_m_linear", spy)
     tune_gemm.main(argv)
     monkeypatch.setattr(linear_kernels, "small_m_linear", real)
+    # the two presets share every shape: one sweep each, credited to both
+    assert {r["model"] for r in json.loads(out.read_text())["rows"]} == {"llama-tiny, qwen3-tiny"}
     gemms = {g.name: g for g in decode_gemms("llama-tiny")}
     assert called == {  # each GEMM timed as the fused model calls it: (weight, epilogue, norm, residual)
         ((gemms["qkv"].n, gemms["qkv"].k), "none", True, False),

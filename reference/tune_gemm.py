@@ -34,13 +34,13 @@ from reference.benchmark.cli import (
     usage_error,
 )
 
-from reference.ops.linear_configs import MAX_ROWS, WARPS
+from reference.ops.linear_configs import MAX_BLOCK, MAX_ROWS, MAX_SPLIT_K, WARPS
 
 PROG = "python -m reference.tune_gemm"
 DEFAULT_SPACE = {"block_n": [32, 64, 128], "block_k": [128, 256], "split_k": [1, 2, 4, 8], "num_warps": [4, 8]}
 
 
-def _int_list(minimum: int, power_of_two: bool = False, allowed: tuple[int, ...] | None = None):
+def _int_list(minimum: int, maximum: int | None = None, power_of_two: bool = False, allowed: tuple | None = None):
     def parse(text: str) -> list[int]:
         try:
             values = [int(v) for v in text.split(",")]
@@ -51,10 +51,12 @@ def _int_list(minimum: int, power_of_two: bool = False, allowed: tuple[int, ...]
             if bad:
                 raise argparse.ArgumentTypeError(f"expected some of {list(allowed)}, got {bad}")
             return values
-        bad = [v for v in values if v < minimum or (power_of_two and v & (v - 1))]
+        top = maximum if maximum is not None else max(values)
+        bad = [v for v in values if not minimum <= v <= top or (power_of_two and v & (v - 1))]
         if bad:
-            kind = f"powers of two >= {minimum}" if power_of_two else f"ints >= {minimum}"
-            raise argparse.ArgumentTypeError(f"expected {kind}, got {bad}")
+            kind = "powers of two" if power_of_two else "ints"
+            span = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"expected {kind} {span}, got {bad}")
         return values
 
     return parse
@@ -75,11 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=_rows, default=[1, 8, 16, 64], help="decode tokens per step, 1-64" + default)
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16", help="weights" + default)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the interpreter" + default)
+    parse = {  # what a config file may hold (linear_configs.check_config)
+        "block_n": _int_list(16, MAX_BLOCK, power_of_two=True),
+        "block_k": _int_list(16, MAX_BLOCK, power_of_two=True),
+        "split_k": _int_list(1, MAX_SPLIT_K),
+        "num_warps": _int_list(1, allowed=WARPS),
+    }
     for name, values in DEFAULT_SPACE.items():
-        flag, power = "--" + name.replace("_", "-"), name.startswith("block")
-        allowed = WARPS if name == "num_warps" else None  # what a config file may hold (linear_configs)
-        parser.add_argument(flag, type=_int_list(16 if power else 1, power, allowed), default=values,
-                            help="sweep values" + default)  # fmt: skip
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=parse[name], default=values, help="sweep values" + default)
     parser.add_argument("--rounds", type=positive_int, default=10, help="replays timed per config" + default)
     parser.add_argument("--write", action="store_true", help="keep the fastest configs in linear_configs.json")
     parser.add_argument("--output-json", type=non_empty_path("a file path"), default=None, help="every timing")
@@ -97,15 +103,15 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     from triton.runtime.errors import OutOfResources
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    shapes = {}
+    shapes: dict[str, tuple[list[str], object]] = {}  # one sweep per weight shape, naming every model with it
     for model in args.model:
         for gemm in filter(lambda g: g.fused, decode_gemms(model)):
-            shapes.setdefault(shape_key(gemm.n, gemm.k, gemm.gated), (model, gemm))
+            shapes.setdefault(shape_key(gemm.n, gemm.k, gemm.gated), ([], gemm))[0].append(model)
     tiles = {row_tile(r): max(x for x in args.rows if row_tile(x) == row_tile(r)) for r in args.rows}
     configs = [dict(zip(("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps"), c)) for c in
                itertools.product(args.block_n, args.block_k, args.split_k, args.num_warps)]  # fmt: skip
     rows = []
-    for key, (model, gemm) in shapes.items():
+    for key, (models, gemm) in shapes.items():
         weight_bytes = gemm.weight_rows * gemm.k * dtype.itemsize
         copies = weight_copies(weight_bytes, device)
         shape = (gemm.weight_rows, gemm.k)
@@ -116,7 +122,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             x = torch.randn(m, gemm.k, device=device, dtype=dtype)
             residual = torch.randn(m, gemm.n, device=device, dtype=dtype) if gemm.epilogue == "residual" else None
             fused = dict(epilogue=gemm.epilogue, residual=residual, norm=norm)
-            base = {"model": model, "gemm": gemm.name, "shape": key, "rows": m, "row_tile": tile,
+            base = {"model": ", ".join(models), "gemm": gemm.name, "shape": key, "rows": m, "row_tile": tile,
                     "weight_bytes": weight_bytes}  # fmt: skip
             cublas = seconds_per_call(lambda: [F.linear(x, w) for w in weights], copies, device, args.rounds)
             rows.append({**base, "impl": "cublas", "call": "GEMM", "us": cublas * 1e6})
@@ -188,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
+    if args.write and args.device != "cuda":
+        parser.error("--write keeps a GPU's timings; the interpreter's say nothing about any GPU")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--device cpu runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1")
     import torch
@@ -198,8 +206,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the small-M kernel needs Triton, which is not installed")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
-    if args.write and args.device != "cuda":
-        parser.error("--write keeps a GPU's timings; the interpreter's say nothing about any GPU")
     from reference.benchmark.machine import source_commit
     from reference.ops.linear_configs import CONFIG_FILE
 

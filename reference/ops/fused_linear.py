@@ -73,6 +73,8 @@ def fused_linear_reference(
 def _composed(norm, activations, x, weight, norm_weight, eps, weight_offset, epilogue, residual):
     """The norm, ``F.linear`` and the epilogue one after another, with ``norm`` and ``activations`` (name ->
     function) the functions or ops that make them."""
+    if epilogue not in EPILOGUES:  # as the small-M kernel refuses it: no plain GEMM for a misspelt epilogue
+        raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
     if norm_weight is not None:
         x = norm(x, norm_weight, eps, weight_offset)
     y = F.linear(x, weight)

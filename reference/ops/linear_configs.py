@@ -21,6 +21,8 @@ CONFIG_FILE = Path(__file__).with_name("linear_configs.json")
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")
 ROW_TILES = (16, 32, 64)
 WARPS = (1, 2, 4, 8, 16)  # the warps a config may launch with
+MAX_BLOCK = 1024  # BLOCK_N's and BLOCK_K's largest: a [64, 1024] fp32 tile is already past any SM's registers
+MAX_SPLIT_K = 64  # the reduction adds the slices in an unrolled loop: one load per slice in the code
 MAX_ROWS = ROW_TILES[-1]  # the decode-sized token counts the kernel is written for; more rows are a prefill's GEMM
 
 
@@ -39,8 +41,8 @@ def check_config(config: object, where: str) -> dict[str, int]:
 
     Raises:
         ValueError: not a dict of exactly ``CONFIG_KEYS`` (plus an optional ``us``), BLOCK_N and BLOCK_K not
-            powers of two >= 16, SPLIT_K not an int >= 1, num_warps not one of 1, 2, 4, 8, 16; the message
-            starts with ``where``.
+            powers of two from 16 to ``MAX_BLOCK``, SPLIT_K not an int from 1 to ``MAX_SPLIT_K``, num_warps not
+            one of ``WARPS``; the message starts with ``where``.
     """
     if not isinstance(config, dict) or set(config) - {"us"} != set(CONFIG_KEYS):
         raise ValueError(f"{where}: expected a dict of {list(CONFIG_KEYS)}, got {config!r}")
@@ -48,10 +50,12 @@ def check_config(config: object, where: str) -> dict[str, int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
         raise ValueError(f"{where}: expected ints, got {values}")
     for key in ("BLOCK_N", "BLOCK_K"):
-        if values[key] < 16 or values[key] & (values[key] - 1):
-            raise ValueError(f"{where}: {key} must be a power of two >= 16, got {values[key]}")
-    if values["SPLIT_K"] < 1 or values["num_warps"] not in WARPS:
-        raise ValueError(f"{where}: SPLIT_K must be >= 1 and num_warps one of 1, 2, 4, 8, 16, got {values}")
+        if not 16 <= values[key] <= MAX_BLOCK or values[key] & (values[key] - 1):
+            raise ValueError(f"{where}: {key} must be a power of two from 16 to {MAX_BLOCK}, got {values[key]}")
+    if not 1 <= values["SPLIT_K"] <= MAX_SPLIT_K or values["num_warps"] not in WARPS:
+        raise ValueError(
+            f"{where}: SPLIT_K must be from 1 to {MAX_SPLIT_K} and num_warps one of {list(WARPS)}, got {values}"
+        )
     return values
 
 

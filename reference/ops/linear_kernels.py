@@ -44,9 +44,10 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.ops.linear_configs import MAX_ROWS, row_tile, tuned_config
+from reference.ops.linear_configs import MAX_ROWS, check_config, row_tile, tuned_config
 
 EPILOGUES = ("none", "residual", "silu_and_mul", "gelu_tanh_and_mul")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # x's and the weight's: what tl.dot multiplies
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MAX_TILES = 1 << 16  # column blocks one launch may count: N / BLOCK_N, e.g. 128256 / 16 for an LM head
 
@@ -188,6 +189,67 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, in
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "num_warps": 4}
 
 
+def _describe(value: object) -> str:
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    return f"{tuple(value.shape)} {value.dtype} on {value.device}, strides {tuple(value.stride())}"
+
+
+def _check_matrix(name: str, value: object, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+    """One ValueError line naming ``name`` unless ``value`` is a ``shape`` tensor of ``dtype`` on ``device`` whose
+    last dimension is contiguous."""
+    if not (
+        isinstance(value, torch.Tensor)
+        and tuple(value.shape) == shape
+        and value.dtype == dtype
+        and value.device == device
+        and (value.stride(1) == 1 or shape[1] <= 1)
+    ):
+        raise ValueError(
+            f"{name}: expected [{shape[0]}, {shape[1]}] {dtype} on {device} with a contiguous last dimension, "
+            f"got {_describe(value)}"
+        )
+
+
+def _check_arguments(x, weight, epilogue, residual, norm, out) -> tuple[int, int, int, bool]:
+    """(M, N, K, gated) of a :func:`small_m_linear` call whose arguments are as its docstring says; else one
+    ValueError line naming the first argument that is not."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
+    if (residual is not None) != (epilogue == "residual"):
+        takes = "one" if epilogue == "residual" else "none"
+        given = "given" if residual is not None else "missing"
+        raise ValueError(f"residual: {given}; epilogue {epilogue!r} takes {takes}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in DTYPES:
+        raise ValueError(f"x: expected an [M, K] tensor of one of {[str(d) for d in DTYPES]}, got {_describe(x)}")
+    m, k = x.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"x: {m} rows; small_m_linear takes at most {MAX_ROWS}")
+    if k == 0 or (x.stride(1) != 1 and k > 1):
+        raise ValueError(f"x: expected K >= 1 and a contiguous last dimension, got {_describe(x)}")
+    gated = epilogue.endswith("_and_mul")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight: expected an [N, {k}] tensor, got {_describe(weight)}")
+    rows = weight.shape[0]
+    if gated and rows % 2:
+        raise ValueError(f"weight: a gated epilogue takes [2I, K] (gate rows, then up rows), got {_describe(weight)}")
+    _check_matrix("weight", weight, (rows, k), x.dtype, x.device)
+    n = rows // 2 if gated else rows
+    if residual is not None:
+        _check_matrix("residual", residual, (m, n), x.dtype, x.device)
+    if out is not None:
+        _check_matrix("out", out, (m, n), x.dtype, x.device)
+    if norm is not None:
+        if not (isinstance(norm, tuple) and len(norm) == 3 and all(isinstance(v, (int, float)) for v in norm[1:])):
+            got = [_describe(v) if i == 0 else repr(v) for i, v in enumerate(norm)] if isinstance(norm, tuple) else norm
+            raise ValueError(f"norm: expected (norm_weight, eps, weight_offset), two floats last, got {got!s:.200}")
+        g = norm[0]
+        if not (isinstance(g, torch.Tensor) and tuple(g.shape) == (k,) and g.is_floating_point()
+                and g.device == x.device and g.stride(0) == 1):  # fmt: skip
+            raise ValueError(f"norm: expected a contiguous [{k}] float weight on {x.device}, got {_describe(g)}")
+    return m, n, k, gated
+
+
 def small_m_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -206,9 +268,9 @@ def small_m_linear(
         epilogue: one of ``EPILOGUES``.
         residual: [M, N] (last dimension contiguous), for ``epilogue='residual'`` only.
         norm: ``(norm_weight [K], eps, weight_offset)``: RMS-normalise x first (0: Llama's style, 1: Gemma's).
-        config: ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}``; default the one tuned for this GPU, shape and row
-            tile (:func:`reference.ops.linear_configs.tuned_config`), else :func:`default_config`. BLOCK_N and
-            BLOCK_K powers of two >= 16; SPLIT_K >= 1.
+        config: ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}`` as :func:`reference.ops.linear_configs.check_config`
+            takes it; default the one tuned for this GPU, shape and row tile
+            (:func:`reference.ops.linear_configs.tuned_config`), else :func:`default_config`.
         out: where to write (e.g. rows of a larger static buffer): [M, N], last dimension contiguous, x's
             dtype; default a new tensor.
 
@@ -216,38 +278,26 @@ def small_m_linear(
         out: [M, N] ([M, I] for a gated epilogue), x's dtype; only its M rows are written.
 
     Raises:
-        ValueError: an unknown epilogue, a residual missing or given where the epilogue takes none, more than
-            ``MAX_ROWS`` rows, shapes or dtypes that do not match.
+        ValueError: one line naming the argument: an unknown epilogue, a residual missing or given where the
+            epilogue takes none, x not [M, K] in one of ``DTYPES`` with 1 <= K and M <= ``MAX_ROWS``, a tensor
+            whose shape, dtype, device or last-dimension stride does not fit x (an odd row count for a gated
+            weight), a norm that is not ``(weight [K], eps, offset)``, a bad config, or more column blocks
+            than the split-K counters count.
     """
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
-    if (residual is not None) != (epilogue == "residual"):
-        takes = "one" if epilogue == "residual" else "none"
-        given = "given" if residual is not None else "missing"
-        raise ValueError(f"residual: {given}; epilogue {epilogue!r} takes {takes}")
-    m, k = x.shape
-    gated = epilogue.endswith("_and_mul")
-    n = weight.shape[0] // 2 if gated else weight.shape[0]
-    if m > MAX_ROWS:
-        raise ValueError(f"x: {m} rows; small_m_linear takes at most {MAX_ROWS}")
-    if weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(1) != 1 or x.stride(1) != 1:
-        raise ValueError(
-            f"weight: {tuple(weight.shape)} {weight.dtype} does not fit x {tuple(x.shape)} {x.dtype} (same K and "
-            "dtype, contiguous last dimensions)"
-        )
-    if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):
-        raise ValueError(f"residual: expected [{m}, {n}] with a contiguous last dimension, got {tuple(residual.shape)}")
-    cfg = config or tuned_config(_gpu_name(x.device), n, k, m, gated) or default_config(m, n, k, x.device)
+    m, n, k, gated = _check_arguments(x, weight, epilogue, residual, norm, out)
+    if config is not None:
+        cfg = check_config(config, "config")
+    else:
+        cfg = tuned_config(_gpu_name(x.device), n, k, m, gated) or default_config(m, n, k, x.device)
     block_m = row_tile(m)
     split = cfg["SPLIT_K"]
     k_per_split = triton.cdiv(triton.cdiv(k, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    if split > 1 and tiles > _MAX_TILES:
+        block_n = cfg["BLOCK_N"]
+        raise ValueError(f"config: {tiles} column blocks of BLOCK_N={block_n}; split-K counts {_MAX_TILES} at most")
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(
-            f"out: expected [{m}, {n}] {x.dtype} with a contiguous last dimension, got {tuple(out.shape)} {out.dtype}"
-        )
-    tiles = triton.cdiv(n, cfg["BLOCK_N"])
     # the split-K workspace (kernel comments): partial sums, then the squares of x for the norm
     squares = tiles * split * block_m if norm is not None else 0
     size = split * (1 + gated) * block_m * n + squares if split > 1 else 1
