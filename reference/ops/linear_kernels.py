@@ -176,11 +176,15 @@ def _gpu_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, int]:
-    """``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}`` for an [m, k] x [n, k]^T GEMM before any tuning: 64-wide
-    column blocks, and as many K slices (a power of two, each at least 512 wide) as it takes for about two
-    programs per multiprocessor (one on a CPU), so a GEMM with few output tiles still loads from every SM."""
-    block_n, block_k = 64, 128
+def default_config(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps}`` for an [m, k] x [n, k]^T GEMM of ``dtype`` where no tuned one
+    exists: 32-wide column blocks, 256-wide K tiles for 16-bit operands in a 16-row tile (128 otherwise: the
+    tiles of fp32 or of 64 rows take twice the shared memory), and as many K slices (a power of two, each at
+    least 512 wide) as it takes for about two programs per multiprocessor (one on a CPU), so a GEMM with few
+    output tiles still loads from every SM. On the 8B's four fused calls at B=8 this lands within 6% of the
+    fastest config of the sweep (perf/NOTES.md, v25); v23's 64 x 128 tiles ran the norm-fused ones 1.6x slower."""
+    block_n = 32
+    block_k = 256 if dtype.itemsize == 2 and row_tile(m) == 16 else 128
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     tiles = triton.cdiv(n, block_n)
     split = 1
@@ -288,7 +292,7 @@ def small_m_linear(
     if config is not None:
         cfg = check_config(config, "config")
     else:
-        cfg = tuned_config(_gpu_name(x.device), n, k, m, gated) or default_config(m, n, k, x.device)
+        cfg = tuned_config(_gpu_name(x.device), n, k, m, gated) or default_config(m, n, k, x.device, x.dtype)
     block_m = row_tile(m)
     split = cfg["SPLIT_K"]
     k_per_split = triton.cdiv(triton.cdiv(k, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
