@@ -159,7 +159,9 @@ BAD_FLAGS = [
     pytest.param(["--output-json", "/proc/no-such-dir/x.json"], "--output-json: cannot write", id="json-unwritable"),
     pytest.param(["--results-dir", "/proc/no-such-dir"], "--results-dir: cannot write", id="dir-unwritable"),
     pytest.param(["--output-json", "conformance"], "--output-json: 'conformance' is a directory", id="json-is-dir"),
-    pytest.param(["--results-dir", "README.md"], "--results-dir: 'README.md' is a file", id="dir-is-file"),
+    pytest.param(
+        ["--results-dir", "README.md"], "--results-dir: 'README.md' is a file, not a folder", id="dir-is-file"
+    ),
     pytest.param(["--baselines", "hf-fast"], r"argument --baselines: unknown \['hf-fast'\]", id="unknown-baseline"),
     pytest.param(
         ["--compilation-config", "{level: 3"], "argument --compilation-config: .*neither JSON", id="unclosed-config"

@@ -38,6 +38,7 @@ from reference.benchmark.cli import (
     names_of,
     non_empty_path,
     non_negative_int,
+    output_file,
     positive_int,
     seed,
     thread_count,
@@ -49,7 +50,7 @@ from reference.benchmark.overrides import (
     level_mode,
     parse_with_vllm_spellings,
 )
-from reference.config import ConfigError, echo
+from reference.config import ConfigError
 
 DEFAULT_RESULTS_DIR = "perf/results"
 # what the usage line calls the program: the console script's name, or how README runs the module
@@ -61,12 +62,10 @@ PROG = CONSOLE_SCRIPT if Path(sys.argv[0]).name == CONSOLE_SCRIPT else "python -
 def _check_output_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse output paths that cannot be written before the run, not after its minutes of timing: a
     directory given as ``--output-json``, a file as ``--results-dir``, a place this process cannot write
-    (missing directories are created, as the write would)."""
+    (missing folders are made when the files are written, not here)."""
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
     if args.results_dir is not None:
-        if args.results_dir.exists() and not args.results_dir.is_dir():
-            parser.error(f"--results-dir: {echo(str(args.results_dir))} is a file; give a directory")
         check_writable_dir(parser, "--results-dir", args.results_dir)
 
 
@@ -144,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--output-json", type=non_empty_path("a file path"), default=None, help="write the results JSON here"
+        "--output-json", type=output_file, default=None, help="write the results JSON here"
     )
     parser.add_argument(
         "--results-dir",

@@ -37,6 +37,7 @@ from reference.benchmark.cli import (
     mode_names,
     model_name,
     non_empty_path,
+    output_file,
     positive_int,
 )
 from reference.benchmark.overrides import add_compilation_flags, check_overrides, level_mode, parse_with_vllm_spellings
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: a temporary folder, removed at the end)",
     )
     parser.add_argument(
-        "--output-json", type=non_empty_path("a file path"), default=None, help="write the rows as JSON here"
+        "--output-json", type=output_file, default=None, help="write the rows as JSON here"
     )
     return parser
 
@@ -86,14 +87,12 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
     """Refuse, before minutes of starts, what would fail after them or inside a child: an output or cache
     folder that cannot be written, a cache path with a space, a prompt longer than the model's positions."""
     if args.cache_dir is not None:
-        if args.cache_dir.exists() and not args.cache_dir.is_dir():
-            parser.error(f"--cache-dir: {args.cache_dir} is a file; give a directory")
+        check_writable_dir(parser, "--cache-dir", args.cache_dir)
         if any(c.isspace() for c in str(args.cache_dir.resolve())):
             parser.error(
                 f"--cache-dir: {args.cache_dir} has a space, which Inductor's C++ compile cannot take (torch passes "
                 "the path unquoted); choose a path without one"
             )
-        check_writable_dir(parser, "--cache-dir", args.cache_dir)
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks

@@ -39,7 +39,7 @@ from reference.benchmark.cli import (
     mode_names,
     model_name,
     names_of,
-    non_empty_path,
+    output_file,
     positive_int,
     seed,
     usage_error,
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=seed, default=0, help="seed of the lengths, the prompts and the random weights" + default
     )
     parser.add_argument(
-        "--output-json", type=non_empty_path("a file path"), default=None, help="write the rows as JSON here"
+        "--output-json", type=output_file, default=None, help="write the rows as JSON here"
     )
     return parser
 

@@ -29,7 +29,7 @@ from reference.benchmark.cli import (
     OneLineParser,
     check_output_file,
     model_name,
-    non_empty_path,
+    output_file,
     positive_int,
     usage_error,
 )
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, type=parse[name], default=values, help="sweep values" + default)
     parser.add_argument("--rounds", type=positive_int, default=10, help="replays timed per config" + default)
     parser.add_argument("--write", action="store_true", help="keep the fastest configs in linear_configs.json")
-    parser.add_argument("--output-json", type=non_empty_path("a file path"), default=None, help="every timing")
+    parser.add_argument("--output-json", type=output_file, default=None, help="every timing")
     return parser
 
 

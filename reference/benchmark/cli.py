@@ -150,19 +150,37 @@ def device_name(text: str) -> str:
     return text
 
 
+def output_file(text: str) -> Path:
+    """argparse type: a file path to write. Empty, or ending in '/' (a folder: ``Path`` would drop the slash and
+    write a file of the folder's name), is an error."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give a file path")
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{echo(text)} ends with '/', a folder; give a file path")
+    return Path(text)
+
+
 def check_writable_dir(parser: argparse.ArgumentParser, flag: str, directory: Path) -> None:
     """Refuse (``parser.error``) a folder this process cannot write a file in, before a run that would find
-    out at its end; a missing folder is created, as the write would."""
+    out at its end. Nothing is made here: a missing folder is made when the file is written (a run refused
+    later leaves nothing behind), so the check is on the nearest folder that exists, where it would be made."""
+    existing = next(p for p in (directory, *directory.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        where = "" if existing == directory else f"cannot write in {echo(str(directory))}: "
+        parser.error(f"{flag}: {where}{echo(str(existing))} is a file, not a folder")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        parser.error(f"{flag}: cannot write in {echo(str(directory))} ({err.strerror or err})")
+        reason, folder = err.strerror or str(err), echo(str(directory))
+        if existing == directory:
+            parser.error(f"{flag}: cannot write in {folder} ({reason})")
+        parser.error(f"{flag}: cannot write in {folder}: cannot make a folder in {echo(str(existing))} ({reason})")
 
 
 def check_output_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Refuse (``parser.error``) an output file path that is a folder or whose folder cannot be written."""
+    """Refuse (``parser.error``) an output file path that is a folder or whose folder cannot be written
+    (:func:`check_writable_dir`)."""
     if path.is_dir():
         parser.error(f"{flag}: {echo(str(path))} is a directory; give a file path")
     check_writable_dir(parser, flag, path.parent)
