@@ -21,7 +21,7 @@ CONFIG_FILE = Path(__file__).with_name("linear_configs.json")
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")
 ROW_TILES = (16, 32, 64)
 WARPS = (1, 2, 4, 8, 16)  # the warps a config may launch with
-MAX_BLOCK = 1024  # BLOCK_N's and BLOCK_K's largest: a [64, 1024] fp32 tile is already past any SM's registers
+MAX_BLOCK = 1024  # BLOCK_N's and BLOCK_K's largest: a [64, 1024] fp32 tile fills an SM's 256 KiB register file
 MAX_SPLIT_K = 64  # the reduction adds the slices in an unrolled loop: one load per slice in the code
 MAX_ROWS = ROW_TILES[-1]  # the decode-sized token counts the kernel is written for; more rows are a prefill's GEMM
 
