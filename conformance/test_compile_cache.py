@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conformance.driver import prefill_and_decode
-from conformance.helpers import DEVICES, make_runner, small_llama_config, token_ids
+from conformance.helpers import DEVICES, make_runner, small_llama_config
 from reference.compilation import backend, cache_key, compile_cache, compilation_counter, expect_counters
 from reference.compilation.compile_piece import SizeDispatch
 from reference.config import CompilationConfig, ConfigError
@@ -54,8 +54,21 @@ def entries(cache: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if not p.name.startswith(".")) if cache.exists() else []
 
 
+# a warm start's mode -> (the engine mode, its overrides)
+WARM_STARTS = {
+    "no_inductor": ("no_inductor", {}),
+    "inductor": ("inductor", {}),
+    "no_inductor_full": ("no_inductor_full", {}),
+    "inductor_graph_partition": ("inductor", {"use_inductor_graph_partition": True}),
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", ["no_inductor", "inductor", "no_inductor_full"])
+@pytest.mark.parametrize(
+    "mode",
+    [pytest.param(m, marks=[pytest.mark.requires("inductor_graph_partition"), pytest.mark.inductor])
+     if "partition" in m else m for m in WARM_STARTS],
+)  # fmt: skip
 def test_a_warm_start_traces_and_compiles_nothing_and_gives_the_cold_starts_logits(mode, device, cache, impl):
     """Bitwise where the warm start runs the very code the cold one ran: the FX pieces, and Inductor's C++
     kernels on a CPU. Inductor's Triton kernels are the exception: a kernel with several launch configs picks
@@ -63,13 +76,21 @@ def test_a_warm_start_traces_and_compiles_nothing_and_gives_the_cold_starts_logi
     a reduction launched with another block size adds in another order. Measured on the H200: one run differed
     by 1.2e-6 at the third decode step, another by nothing. So there the logits must agree to float32's
     reassociation error: assert_close's float32 defaults (rtol 1.3e-6, atol 1e-5), far below what a wrong
-    entry gives (another dtype's or another graph's kernels)."""
+    entry gives (another dtype's or another graph's kernels). On CUDA a warm start captures as many graphs as
+    the cold one: with Inductor's graph partition, the partitions of a loaded artifact must get their
+    wrappers as it loads, or nothing is captured and the logits alone would not tell."""
+    engine_mode, overrides = WARM_STARTS[mode]
+    before = compilation_counter.snapshot()
     with expect_counters(num_cache_misses=1, num_cache_hits=0, num_graphs_seen=1, num_cache_entries_written=1):
-        cold = start(impl, mode, cache, device=device)
+        cold = start(impl, engine_mode, cache, device=device, **overrides)
+    middle = compilation_counter.snapshot()
     with expect_counters(num_cache_misses=0, num_cache_hits=1, num_graphs_seen=0, num_backend_compilations=0):
-        warm = start(impl, mode, cache, device=device)
+        warm = start(impl, engine_mode, cache, device=device, **overrides)
+    after = compilation_counter.snapshot()
     assert len(entries(cache)) == 1
-    autotuned = mode.startswith("inductor") and device == "cuda"
+    captured = [b.num_cudagraph_captured - a.num_cudagraph_captured for a, b in ((before, middle), (middle, after))]
+    assert captured[1] == captured[0] and (captured[0] > 0) == (device == "cuda"), captured
+    autotuned = engine_mode.startswith("inductor") and device == "cuda"
     for step, (c, w) in enumerate(zip(cold, warm)):
         if autotuned:
             torch.testing.assert_close(w, c, msg=lambda m: f"step {step}: {m}")
@@ -382,11 +403,8 @@ def test_a_second_writer_of_a_key_keeps_the_first_ones_whole_entry(tmp_path):
     [({"level": 2, "inductor_compile_config": {"max_autotune": False, "fx_graph_cache": False}},
       "inductor_compile_config['fx_graph_cache'] is False: Inductor keeps no artifact to store"),
      ({"level": 2, "inductor_compile_config": {"post_grad_custom_pre_pass": print}},
-      "inductor_compile_config['post_grad_custom_pre_pass'] is builtin_function_or_method, which no key can name"),
-     ({"use_inductor_graph_partition": True},  # an entry's loading would not wrap the partitions: no graph
-      "use_inductor_graph_partition=True: Inductor wraps its partitions in CUDA graphs as an artifact loads, which "
-      "an entry's loading does not do yet")],
-    ids=["no_fx_graph_cache", "a_pass_as_a_function", "inductor_graph_partition"],
+      "inductor_compile_config['post_grad_custom_pre_pass'] is builtin_function_or_method, which no key can name")],
+    ids=["no_fx_graph_cache", "a_pass_as_a_function"],
 )  # fmt: skip
 def test_a_config_no_entry_can_hold_is_one_warning_before_any_compile(fields, said, cache, monkeypatch):
     from reference.compilation import compile_model

@@ -296,10 +296,10 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         ),
         (
             {"use_inductor_graph_partition": True, "inductor_compile_config": {"graph_partition": False,
-                                                                               "fx_graph_cache": True}},
-            r"^inductor_compile_config sets \['fx_graph_cache', 'graph_partition'\], which use_inductor_graph_partition"
-            r"=True sets itself \(its partitions, and no FX-graph cache: pytorch#165471\); drop them from "
-            r"inductor_compile_config$",
+                                                                               "post_grad_custom_pre_pass": None}},
+            r"^inductor_compile_config sets \['graph_partition', 'post_grad_custom_pre_pass'\], which "
+            r"use_inductor_graph_partition=True sets itself \(its partitions, and a pre-pass keying whether they "
+            r"are wrapped: pytorch#165471\); drop them from inductor_compile_config$",
         ),
         ({"use_inductor_graph_partition": 1}, r"^use_inductor_graph_partition: expected bool, got int 1$"),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),

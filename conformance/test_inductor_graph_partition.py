@@ -20,6 +20,7 @@ from conformance.helpers import DEVICES, assert_error_within_twice_eager, make_r
 from reference.compilation import compilation_counter, expect_counters
 from reference.compilation.cuda_graph import inside_full_graph
 from reference.compilation.compile_piece import partition_patches
+from reference.compilation.inductor_passes import PARTITION_WRAPPERS_KEY
 from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
 from reference.config import CompilationConfig, ConfigError
 from reference.config.compilation import PARTITION_INDUCTOR_SETTINGS
@@ -158,16 +159,59 @@ def test_the_wrapper_slot_holds_what_it_held_after_the_block_even_when_it_raises
         set_customized_partition_wrappers(None)
 
 
-def test_the_mode_sets_inductors_partition_and_turns_its_fx_graph_cache_off():
-    """The FX-graph cache key does not say whether partitions were wrapped (pytorch#165471): a compile for graphs
-    could be served code without partitions. Exactly these settings are what the config refuses to see set."""
+def test_a_wrapper_turns_inductors_graph_partition_on_for_its_block_alone():
+    """A loaded artifact's partitions are wrapped only if ``graph_partition`` is on when it loads (torch reads
+    the setting then): with ``TORCHINDUCTOR_GRAPH_PARTITION=0`` a compile-cache hit would capture nothing.
+    (Inductor's config is patched with its own ``patch``: pytest's monkeypatch deletes the setting on undo.)"""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(graph_partition=False):
+        with partition_wrappers(lambda fn, index: fn):
+            assert inductor_config.graph_partition is True
+        with partition_wrappers(None):
+            assert inductor_config.graph_partition is False
+        assert inductor_config.graph_partition is False
+
+
+def test_the_mode_sets_inductors_partition_and_a_pass_that_keys_the_wrapper():
+    """Exactly these settings are what the config refuses to see set by ``inductor_compile_config``."""
     named = CompilationConfig(use_inductor_graph_partition=True, splitting_ops=["reference::attention"])
     assert partition_patches(named) == {
-        "graph_partition": True, "custom_should_partition_ops": ["reference::attention"], "fx_graph_cache": False,
+        "graph_partition": True, "custom_should_partition_ops": ["reference::attention"],
+        "post_grad_custom_pre_pass": PARTITION_WRAPPERS_KEY,
     }  # fmt: skip
     assert tuple(partition_patches(named)) == PARTITION_INDUCTOR_SETTINGS
     assert partition_patches(CompilationConfig(use_inductor_graph_partition=True))["custom_should_partition_ops"] == []
     assert partition_patches(CompilationConfig()) == {}
+
+
+def _norm_then_add(x, y):
+    return (torch.nn.functional.rms_norm(x, (x.shape[-1],)) + y,)
+
+
+@pytest.mark.requires("components")
+def test_inductors_cache_keys_a_compile_with_partition_wrappers_apart_from_one_without(tmp_path, monkeypatch):
+    """Inductor's FX-graph cache key leaves out whether a partition wrapper is installed, though the code
+    depends on it (pytorch#165471): a compile to be captured per partition could be served a compile without
+    partitions. The mode's pre-pass puts the wrapper into the key. Three compiles of one graph in an empty
+    Inductor cache: unwrapped (a miss), unwrapped again (a hit: the cache is on), wrapped (must miss)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    patches = partition_patches(CompilationConfig(use_inductor_graph_partition=True))
+    gm = torch.fx.symbolic_trace(_norm_then_add)
+    inputs = [torch.randn(4, 8), torch.randn(4, 8)]
+    outcomes = []
+    for wrap in (None, None, lambda fn, index: fn):
+        hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+        with partition_wrappers(wrap):
+            compiled = torch._inductor.standalone_compile(
+                gm, inputs, dynamic_shapes="from_example_inputs", options={"config_patches": patches}
+            )
+        hit = counters["inductor"]["fxgraph_cache_hit"] - hits
+        outcomes.append("hit" if hit else "miss" if counters["inductor"]["fxgraph_cache_miss"] > misses else "?")
+        torch.testing.assert_close(compiled(*inputs)[0], _norm_then_add(*inputs)[0])
+    assert outcomes == ["miss", "hit", "miss"]
 
 
 def test_an_op_inductor_cuts_at_must_write_into_buffers_under_piecewise_graphs(impl):

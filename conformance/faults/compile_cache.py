@@ -7,9 +7,10 @@ import json
 from unittest import mock
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import cache_key, capture, compile_cache
+from reference.compilation import cache_key, capture, compile_cache, inductor_passes, partition_graph
 
 _real_cache_factors = cache_key.cache_factors
+_real_read_entry = compile_cache.read_entry
 
 
 def _key_without(edit):
@@ -40,6 +41,12 @@ def _written_in_place(folder, key, factors, files, artifacts, refused=None):
     manifest = {f.name: [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()] for f in final.iterdir()}
     (final / compile_cache._MANIFEST).write_text(json.dumps(manifest))
     return True
+
+
+def _read_unwrapped(folder, key, factors, build):
+    """``read_entry`` loading Inductor's artifacts with no partition wrapper installed."""
+    with partition_graph.partition_wrappers(None):
+        return _real_read_entry(folder, key, factors, build)
 
 
 FAULTS = [
@@ -105,5 +112,25 @@ FAULTS = [
         "renamed when whole, so a process starting meanwhile reads part of an entry as the entry",
         plant=patches(mock.patch.object(compile_cache, "write_entry", _written_in_place)),
         tests="test_an_entry_is_written_under_a_temporary_name",
+    ),
+    Fault(
+        id="inductor-key-ignores-partition-wrappers",
+        kind="cache",
+        description="Inductor's FX-graph cache key leaves out whether Inductor's partitions are wrapped, so a "
+        "compile to be captured per partition may be served code made without partitions, and capture nothing",
+        plant=patches(
+            mock.patch.object(inductor_passes.PartitionWrappersKey, "uuid", lambda self: b"partition wrapper")
+        ),
+        tests="test_inductors_cache_keys_a_compile_with_partition_wrappers_apart_from_one_without",
+        bug="pytorch#165471",
+    ),
+    Fault(
+        id="cache-loads-partitions-unwrapped",
+        kind="cache",
+        description="a compile-cache hit loads Inductor's artifacts with no partition wrapper installed, so a warm "
+        "start under use_inductor_graph_partition runs its partitions as compiled and captures no graph",
+        plant=patches(mock.patch.object(capture, "read_entry", _read_unwrapped)),
+        tests="test_a_warm_start_traces_and_compiles_nothing and inductor_graph_partition and cuda",
+        device="cuda",
     ),
 ]

@@ -175,7 +175,7 @@ FAULTS = [
         kind="capture",
         description="with use_inductor_graph_partition Inductor's partitions are installed as compiled, without the "
         "wrapper that captures them: no step replays a graph, and nothing but the counters says so",
-        plant=patches(mock.patch.object(backend.PiecewiseBackend, "_partition_graphs", _partitions_as_compiled)),
+        plant=patches(mock.patch.object(backend.PiecewiseBackend, "partition_graphs", _partitions_as_compiled)),
         tests="test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_from_float64 and cuda",
         device="cuda",
     ),

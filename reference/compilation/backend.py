@@ -226,7 +226,7 @@ class PiecewiseBackend:
         self._check_pieces(pieces)
         if partition and self.config.piecewise_graphs:
             _check_partition_cuts_write_into_buffers(gm, cuts)
-        with self._partition_graphs(_on_cuda(gm)):
+        with self.partition_graphs(_on_cuda(gm)):
             compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
             static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
         if self.cache_writer is not None:
@@ -310,10 +310,10 @@ class PiecewiseBackend:
             return False, None, None
         return True, torch.cuda.graph_pool_handle(), torch.cuda.Stream()
 
-    def _partition_graphs(self, on_cuda: bool):
-        """The block in which Inductor compiles: with ``use_inductor_graph_partition`` and piecewise graphs on
-        CUDA, each partition it makes is installed in a :class:`PartitionGraph` (one pool and capture stream
-        for them all)."""
+    def partition_graphs(self, on_cuda: bool):
+        """The block in which Inductor compiles, or the compile cache loads Inductor's artifacts: with
+        ``use_inductor_graph_partition`` and piecewise graphs on CUDA, each partition it makes or loads is
+        installed in a :class:`PartitionGraph` (one pool and capture stream for them all)."""
         use_graphs, pool, stream = self._graph_settings(on_cuda, partitions=True)
         if not use_graphs:
             return partition_wrappers(None)

@@ -65,17 +65,10 @@ def cache_folder(config: CompilationConfig) -> Path | None:
 
 
 def uncachable(config: CompilationConfig) -> str | None:
-    """Why a model compiled per ``config`` cannot be cached, or None: Inductor's own graph partition (its
-    partitions get their CUDA-graph wrappers while an artifact loads; an entry does not set them up yet), an
-    ``inductor_compile_config`` value
-    that is no JSON data (a pass given as a function) has no stable spelling in a key (its ``repr`` holds an
+    """Why a model compiled per ``config`` cannot be cached, or None: an ``inductor_compile_config`` value that
+    is no JSON data (a pass given as a function) has no stable spelling in a key (its ``repr`` holds an
     address), and Inductor keeps nothing to save of a compile it does not cache itself (``fx_graph_cache``
     False, or a pass it cannot hash)."""
-    if config.use_inductor_graph_partition:
-        return (
-            "use_inductor_graph_partition=True: Inductor wraps its partitions in CUDA graphs as an artifact loads, "
-            "which an entry's loading does not do yet"
-        )
     for name, value in config.inductor_compile_config.items():
         if not is_json(value):
             return f"inductor_compile_config[{name!r}] is {type(value).__name__}, which no key can name"

@@ -153,7 +153,8 @@ class CompiledModel:
             split = self.backend.load(entry, on_cuda)
             return bound_call(split, entry.bindings, entry.outputs, self._model)
 
-        forward = read_entry(folder, key, factors, build)
+        with self.backend.partition_graphs(on_cuda):  # Inductor wraps an artifact's partitions as it loads it
+            forward = read_entry(folder, key, factors, build)
         if forward is None:
             compilation_counter.num_cache_misses += 1
             self._cache_writer = self.backend.cache_writer = CacheWriter(folder, key, factors, self._model, args)

@@ -24,7 +24,7 @@ import sympy
 import torch
 
 from reference.compilation.counters import compilation_counter
-from reference.compilation.inductor_passes import UNFOLD_RESIDUAL_ADDMM
+from reference.compilation.inductor_passes import PARTITION_WRAPPERS_KEY, UNFOLD_RESIDUAL_ADDMM
 from reference.config import CompilationConfig
 
 
@@ -60,14 +60,16 @@ def inputs_at(module: torch.fx.GraphModule, size: int) -> list:
 def partition_patches(config: CompilationConfig) -> dict:
     """Inductor config patches for ``use_inductor_graph_partition`` (``PARTITION_INDUCTOR_SETTINGS``), empty
     without it: partition at the splitting ops (the ops tagged ``cudagraph_unsafe`` Inductor cuts at by
-    itself; named ones are added), and no FX-graph cache. Whether partitions are wrapped changes the code
-    Inductor generates (with no wrapper it makes no partitions), but not its cache key, so a compile for graphs
-    could be served code without partitions and never capture anything (pytorch#165471); with the FX-graph
-    cache off, the AOTAutograd cache is bypassed too."""
+    itself; named ones are added), and a pre-pass that puts into Inductor's cache keys whether the partitions
+    are wrapped (:data:`~reference.compilation.inductor_passes.PARTITION_WRAPPERS_KEY`, pytorch#165471)."""
     if not config.use_inductor_graph_partition:
         return {}
     named = list(config.splitting_ops or ())
-    return {"graph_partition": True, "custom_should_partition_ops": named, "fx_graph_cache": False}
+    return {
+        "graph_partition": True,
+        "custom_should_partition_ops": named,
+        "post_grad_custom_pre_pass": PARTITION_WRAPPERS_KEY,
+    }
 
 
 def _inductor(module: torch.fx.GraphModule, inputs: list, dynamic_shapes: str, config: CompilationConfig) -> Callable:

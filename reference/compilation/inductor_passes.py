@@ -1,4 +1,5 @@
-"""The post-grad pass the project adds to Inductor when it compiles a piece: a residual add stays an add.
+"""The post-grad passes the project adds to Inductor: a residual add stays an add (every compile), and, under
+``use_inductor_graph_partition``, a pass that changes nothing and exists for its cache key (below).
 
 Inductor's post-grad patterns fold ``mm(a, b) + c`` into ``addmm(c, a, b)`` unless every user of the sum
 is pointwise. In a decoder layer the sum is the residual stream: the next RMSNorm reduces over it and
@@ -9,6 +10,12 @@ two per layer (the copies issue 9 found in ``inductor`` mode's kernel profile). 
 kernel Inductor generates for the norm, which reads the GEMM's output anyway, as ``no_inductor``'s fused
 add + RMSNorm op does. A fold whose sum has no fusable user costs one add kernel instead of one copy, so
 the pass never adds a launch.
+
+Inductor's FX-graph cache key leaves out whether a partition wrapper is installed (pytorch#165471), though
+the code it generates depends on it: with no wrapper and no Inductor CUDA graphs it makes no partitions. A
+compile that is to be captured per partition could then be served code without partitions, and capture
+nothing. :data:`PARTITION_WRAPPERS_KEY` puts the wrapper's presence into the key through the one door the
+key has for such things, a custom pass's ``uuid``.
 """
 
 from __future__ import annotations
@@ -53,3 +60,22 @@ class UnfoldResidualAddmm(CustomGraphPass):
 
 
 UNFOLD_RESIDUAL_ADDMM = UnfoldResidualAddmm()
+
+
+class PartitionWrappersKey(CustomGraphPass):
+    """A post-grad pass that changes nothing; its ``uuid`` says whether a partition wrapper is installed (torch's
+    process-wide slot, which :func:`reference.compilation.partition_graph.partition_wrappers` sets), so that
+    Inductor's FX-graph and AOTAutograd caches key a wrapped compile apart from an unwrapped one (module
+    doc; pytorch#165471)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> bytes:
+        from torch._inductor.utils import _unstable_customized_partition_wrapper
+
+        installed = _unstable_customized_partition_wrapper.wrapper is not None
+        return f"partition wrapper installed: {installed}".encode()
+
+
+PARTITION_WRAPPERS_KEY = PartitionWrappersKey()

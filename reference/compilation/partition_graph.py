@@ -102,14 +102,18 @@ class PartitionGraph:
 @contextlib.contextmanager
 def partition_wrappers(wrap: Callable[[Callable, int], Callable] | None) -> Iterator[None]:
     """While the block runs, Inductor installs ``wrap(partition, index)`` in place of each partition of a graph
-    it compiles with ``graph_partition`` (``None``: installs the partitions as they are). torch keeps the
-    wrapper in one process-wide slot; what it held before is put back after the block, so no other compile of
-    ours is wrapped and a wrapper someone else set is kept."""
+    it compiles or loads with ``graph_partition`` (``None``: installs the partitions as they are). torch keeps
+    the wrapper in one process-wide slot; what it held before is put back after the block, so no other compile
+    of ours is wrapped and a wrapper someone else set is kept. With a wrapper, Inductor's ``graph_partition``
+    is on for the block: a loaded artifact's partitions are wrapped only if it is on at load time (torch reads
+    the setting then, not the one the artifact was compiled with)."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.utils import _unstable_customized_partition_wrapper, set_customized_partition_wrappers
 
     before = _unstable_customized_partition_wrapper.wrapper
     set_customized_partition_wrappers(None if wrap is None else lambda fn, meta: wrap(fn, meta.partition_index))
     try:
-        yield
+        with contextlib.nullcontext() if wrap is None else inductor_config.patch(graph_partition=True):
+            yield
     finally:
         set_customized_partition_wrappers(before)

@@ -56,7 +56,7 @@ _DEPENDENT_DEFAULTS = ("level", "cudagraph_mode")
 
 
 # The Inductor settings use_inductor_graph_partition sets (reference.compilation.compile_piece.partition_patches)
-PARTITION_INDUCTOR_SETTINGS = ("graph_partition", "custom_should_partition_ops", "fx_graph_cache")
+PARTITION_INDUCTOR_SETTINGS = ("graph_partition", "custom_should_partition_ops", "post_grad_custom_pre_pass")
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
@@ -136,8 +136,9 @@ class CompilationConfig:
       ``cudagraph_unsafe``, plus ``splitting_ops`` when given), instead of the project's FX split; with
       piecewise graphs each of its partitions is captured per capture size by the project's wrapper
       (:mod:`reference.compilation.partition_graph`). Level 3 with ``use_inductor`` only; sets Inductor's
-      ``graph_partition``, ``custom_should_partition_ops`` and ``fx_graph_cache`` (off: pytorch#165471), which
-      ``inductor_compile_config`` may then not set. Not cached by the compile cache yet (a start compiles).
+      ``graph_partition``, ``custom_should_partition_ops`` and ``post_grad_custom_pre_pass`` (a pass that puts
+      into Inductor's cache keys whether partitions are wrapped: pytorch#165471), which
+      ``inductor_compile_config`` may then not set.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -301,7 +302,8 @@ class CompilationConfig:
         if self.use_inductor_graph_partition and overridden:
             raise ConfigError(
                 f"inductor_compile_config sets {overridden}, which use_inductor_graph_partition=True sets itself "
-                "(its partitions, and no FX-graph cache: pytorch#165471); drop them from inductor_compile_config"
+                "(its partitions, and a pre-pass keying whether they are wrapped: pytorch#165471); drop them from "
+                "inductor_compile_config"
             )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
