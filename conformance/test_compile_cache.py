@@ -122,6 +122,18 @@ def test_a_changed_factor_misses(factor, cache, impl):
 
 
 @pytest.mark.inductor
+@pytest.mark.requires("inductor_graph_partition")
+def test_inductors_graph_partition_is_a_factor_so_neither_mode_is_served_the_others_entry(cache, impl):
+    """The same Inductor compile with and without Inductor's own partition: the entry of one holds no FX split
+    and partitions to wrap, the other's a split and no partitions. One layer (Inductor compiles take seconds)."""
+    hf = small_llama_config(num_hidden_layers=1)
+    start(impl, "inductor", cache, hf=hf)
+    with expect_counters(num_cache_hits=0, num_cache_misses=1, num_cache_entries_written=1):
+        start(impl, "inductor", cache, hf=hf, use_inductor_graph_partition=True)
+    assert len(entries(cache)) == 2
+
+
+@pytest.mark.inductor
 @pytest.mark.requires("compile_sizes")
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_warm_start_serves_the_static_compiles_of_compile_sizes_too(device, cache, impl):

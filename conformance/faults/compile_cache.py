@@ -89,6 +89,14 @@ FAULTS = [
         tests="test_a_changed_factor_misses and splitting_ops",
     ),
     Fault(
+        id="cache-key-ignores-graph-partition",
+        kind="cache",
+        description="the compile cache's key leaves out use_inductor_graph_partition, so a start that asks for "
+        "Inductor's own partitions is served the FX split's entry, or the other way round",
+        plant=_key_without(lambda f: f["compilation"].pop("use_inductor_graph_partition")),
+        tests="test_inductors_graph_partition_is_a_factor",
+    ),
+    Fault(
         id="cache-serves-entries-of-old-code",
         kind="cache",
         description="the compile cache's key leaves out the source files, so after an edit of the model's code "
