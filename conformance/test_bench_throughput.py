@@ -11,7 +11,7 @@ from reference import bench_throughput
 from reference.bench_throughput import SCHEDULINGS, main
 from reference.benchmark import throughput
 from reference.benchmark.throughput import FIRST_PROMPT_TOKEN, draw_workload
-from reference.engine.scheduler import SCHEDULING
+from reference.engine.scheduler import SCHEDULING, SCHEDULING_POLICIES
 
 pytestmark = pytest.mark.requires("components")
 
@@ -53,6 +53,7 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert work["output_tokens"] == sum(work["output_lens"]) and work["prompt_tokens"] == sum(work["input_lens"])
     assert (work["seed"], work["num_prompts"], work["input_len"], work["output_len"]) == (3, 7, [2, 9], [1, 6])
     assert doc["engine"]["max_model_len"] == 9 + 6 and doc["engine"]["max_num_seqs"] == 3
+    assert doc["engine"]["scheduling_policy"] == "fcfs"
     assert [(r["mode"], r["scheduling"]) for r in doc["rows"]] == [("eager", "continuous"), ("eager", "static")]
     continuous, static = doc["rows"]
     for row in doc["rows"]:
@@ -84,6 +85,20 @@ def test_the_cli_times_both_schedulings_over_the_drawn_workload_and_writes_the_d
     assert table[0].split(" | ")[12] == f"{continuous['speedup_vs_static']:.2f}x" and table[1].split(" | ")[12] == "-"
     assert [line.split(" | ")[11] for line in table] == ["-", "-"]  # no floor on a CPU
     assert doc["bandwidth_Bps"] is None and all(row["decode_floor"]["x_floor"] is None for row in doc["rows"])
+
+
+@pytest.mark.eager
+def test_the_priority_policy_runs_the_longest_outputs_first_so_the_steps_are_those_of_that_order(tmp_path):
+    """``--scheduling-policy priority`` gives each request its output length, negated, as its priority: the
+    longest first (the longest-processing-time rule of list scheduling). Both schedulings then run the closed
+    forms over the lengths sorted longest first."""
+    doc = _run(tmp_path, "--seed", "3", "--scheduling-policy", "priority")
+    longest_first = sorted(doc["workload"]["output_lens"], reverse=True)
+    continuous, static = doc["rows"]
+    assert continuous["num_steps"] == _continuous_steps(longest_first, 3)
+    assert static["num_steps"] == _static_steps(longest_first, 3)
+    assert doc["engine"]["scheduling_policy"] == "priority"
+    assert all(row["output_tokens"] == sum(longest_first) for row in doc["rows"])
 
 
 @pytest.mark.eager
@@ -228,8 +243,9 @@ def test_a_workload_is_drawn_within_its_ranges_and_a_single_length_is_every_requ
     assert draw_workload(11, 200, (2, 9), (4, 4), 256) == work and draw_workload(12, 200, (2, 9), (4, 4), 256) != work
 
 
-def test_the_cli_offers_the_engines_schedulings():
+def test_the_cli_offers_the_engines_schedulings_and_policies():
     assert SCHEDULINGS == SCHEDULING
+    assert bench_throughput.SCHEDULING_POLICIES == SCHEDULING_POLICIES
 
 
 @pytest.mark.parametrize(
@@ -315,7 +331,7 @@ def test_without_chunked_prefill_no_prompt_is_cut_and_the_document_says_so(tmp_p
     chunks = []
     real_step = throughput.LLM.generate
 
-    def generate(llm, prompts, params, use_tqdm):
+    def generate(llm, prompts, params, use_tqdm, priority=None):
         step = llm.runner.step
 
         def spy(new_tokens, context_lens, rows, fed=None):
@@ -325,7 +341,7 @@ def test_without_chunked_prefill_no_prompt_is_cut_and_the_document_says_so(tmp_p
 
         llm.runner.step = spy
         try:
-            return real_step(llm, prompts, params, use_tqdm=use_tqdm)
+            return real_step(llm, prompts, params, use_tqdm=use_tqdm, priority=priority)
         finally:
             llm.runner.step = step
 

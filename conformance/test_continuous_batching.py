@@ -37,9 +37,9 @@ WORKLOADS = st.lists(
 )
 
 
-def _request(i: int, prompt_len: int) -> Request:
+def _request(i: int, prompt_len: int, priority: int = 0) -> Request:
     params = SamplingParams(temperature=0, max_tokens=8)
-    return Request(str(i), None, list(range(prompt_len)), params, None, [])
+    return Request(str(i), None, list(range(prompt_len)), params, None, [], priority=priority)
 
 
 def _check_step(sched: Scheduler, step, before: dict[int, int], static: bool) -> None:
@@ -70,6 +70,14 @@ def _check_step(sched: Scheduler, step, before: dict[int, int], static: bool) ->
         assert not sched.chunked and len(sched.waiting[0].prompt_token_ids) > left, "budget and a row unused"
 
 
+def _check_admissions(admitted: list[Request], waiting: list[Request], rank) -> None:
+    """The requests a step admits (in admission order) come in ``rank`` order, and none ranks after a request
+    left in ``waiting`` (the queue at the step's start, as the test keeps it)."""
+    assert [rank(r) for r in admitted] == sorted(rank(r) for r in admitted), "admitted out of the policy's order"
+    left = [rank(w) for w in waiting if not any(w is r for r in admitted)]
+    assert not admitted or not left or rank(admitted[-1]) < min(left), "a request jumped the policy's queue"
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     workload=WORKLOADS,
@@ -77,17 +85,27 @@ def _check_step(sched: Scheduler, step, before: dict[int, int], static: bool) ->
     extra_budget=st.integers(0, 20),
     chunked=st.booleans(),
     static=st.booleans(),
+    priorities=st.lists(st.integers(-2, 2), min_size=12, max_size=12),
+    policy=st.sampled_from(["fcfs", "priority"]),
 )
 def test_every_step_keeps_the_scheduling_rules_and_every_request_ends(
-    workload, max_num_seqs, extra_budget, chunked, static
+    workload, max_num_seqs, extra_budget, chunked, static, priorities, policy
 ):
+    """Besides the module doc's rules: requests are admitted by the policy's order, arrival order under
+    ``fcfs``, and under ``priority`` the lowest priority value first, ties in arrival order (vLLM's)."""
     budget = max_num_seqs + extra_budget
     if not chunked:  # a prompt longer than the budget is refused at add (test_llm.py checks the message)
         workload = [(min(p, budget), n, t) for p, n, t in workload]
     sched = Scheduler(
-        max_num_seqs, budget, enable_chunked_prefill=chunked, scheduling="static" if static else "continuous"
-    )
-    requests = [(_request(i, p), n, t) for i, (p, n, t) in enumerate(workload)]
+        max_num_seqs, budget, enable_chunked_prefill=chunked, scheduling="static" if static else "continuous",
+        scheduling_policy=policy,
+    )  # fmt: skip
+    requests = [(_request(i, p, priorities[i]), n, t) for i, (p, n, t) in enumerate(workload)]
+    arrived: list[Request] = []  # in arrival order; the test's own view of the queue
+    admitted_ids: set[int] = set()
+
+    def rank(r: Request) -> tuple[int, int]:
+        return (r.priority if policy == "priority" else 0, next(i for i, q in enumerate(arrived) if q is r))
     tokens = {id(r): 0 for r, _, _ in requests}  # tokens each request ran: its prompt, then its decodes
     sampled = {id(r): 0 for r, _, _ in requests}
     done = []
@@ -97,11 +115,15 @@ def test_every_step_keeps_the_scheduling_rules_and_every_request_ends(
         for r, _, arrival in requests:
             if arrival == step_index:
                 sched.add(r)
+                arrived.append(r)
         if not sched.has_unfinished() and step_index > max(t for _, _, t in workload):
             break
         before = {id(r): r.num_cached for r in sched.running}
         step = sched.schedule()
         _check_step(sched, step, before, static)
+        admitted = [r for r in sched.running if id(r) not in before]  # running keeps admission order
+        _check_admissions(admitted, [r for r in arrived if id(r) not in admitted_ids], rank)
+        admitted_ids |= {id(r) for r in admitted}
         for r in step.decodes:
             tokens[id(r)] += 1
         for r, _, length in step.chunks:
@@ -131,6 +153,10 @@ def test_finishing_a_request_that_is_not_running_is_an_error():
     [
         (dict(scheduling="fifo"), r"^scheduling: expected one of \['continuous', 'static'\], got 'fifo'$"),
         (
+            dict(scheduling_policy="lifo"),
+            r"^scheduling_policy: expected one of \['fcfs', 'priority'\], got 'lifo'$",
+        ),
+        (
             dict(max_num_batched_tokens=1),
             r"^max_num_batched_tokens \(1\) must be >= max_num_seqs \(2\): every running request decodes one "
             r"token per step$",
@@ -157,6 +183,24 @@ def test_by_default_prompts_are_chunked_and_without_chunking_one_past_the_budget
                        r"max_num_batched_tokens$"):  # fmt: skip
         unchunked.add(_request(3, 4))
     assert [r.request_id for r in unchunked.waiting] == ["2"]
+
+
+def test_the_priority_policy_admits_the_lowest_value_first_and_ties_in_arrival_order():
+    """vLLM's ``scheduling_policy='priority'``: a lower value is served earlier; equal values first come, first
+    served. One row, so each request is admitted alone, when the one before it has finished."""
+    sched = Scheduler(1, 8, scheduling_policy="priority")
+    for i, priority in enumerate([2, 0, 1, 0, -1]):
+        sched.add(_request(i, 3, priority))
+    order = []
+    while sched.has_unfinished():
+        step = sched.schedule()
+        order += [r.request_id for r, start, _ in step.chunks if start == 0]
+        sched.finish(sched.running[0])
+    assert order == ["4", "1", "3", "2", "0"]
+    fcfs = Scheduler(1, 8)
+    for i, priority in enumerate([2, 0]):
+        fcfs.add(_request(i, 3, priority))
+    assert [r.request_id for r, _, _ in fcfs.schedule().chunks] == ["0"]  # fcfs ignores the priority
 
 
 # ---------------------------------------------------------------------- the engine, on the model

@@ -159,6 +159,50 @@ def test_every_step_fits_the_token_budget_with_decodes_first_and_chunks_filling_
 
 
 @pytest.mark.eager
+def test_under_the_priority_policy_the_lowest_value_runs_first_and_outputs_keep_prompt_order():
+    """One row: requests run one after another, in priority order (ties in prompt order), and each generates
+    what it generates under fcfs (the same tokens alone in the row); generate still returns them in prompt
+    order."""
+    prompts = ragged_prompts(4, 256)
+    fcfs = make_llm("llama-tiny", "eager", max_num_seqs=1)
+    expected = [o.outputs[0].token_ids for o in fcfs.generate(prompts, greedy(3, ignore_eos=True))]
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy="priority", share_weights_with=fcfs)
+    first_tokens = []
+    step = llm.runner.step
+
+    def spy(new_tokens, context_lens, rows, fed=None):
+        if fed is None and context_lens == [0]:  # a prompt's first (and, unchunked here, only) chunk
+            first_tokens.append(new_tokens[0])
+        return step(new_tokens, context_lens, rows, fed=fed)
+
+    llm.runner.step = spy
+    outputs = llm.generate(prompts, greedy(3, ignore_eos=True), priority=[1, 0, 2, 0])
+    assert first_tokens == [prompts[i] for i in (1, 3, 0, 2)]
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert [o.prompt_token_ids for o in outputs] == prompts
+
+
+@pytest.mark.eager
+@pytest.mark.parametrize(
+    "policy, priority, message",
+    [
+        ("fcfs", [0, 1], "priority: given, but scheduling_policy is 'fcfs', which ignores it; build the LLM with "
+         "scheduling_policy='priority'"),
+        ("priority", [0], "priority: expected one int per prompt (2), got [0]"),
+        ("priority", [0, True], "priority: expected one int per prompt (2), got [0, True]"),
+        ("priority", 3, "priority: expected one int per prompt (2), got 3"),
+    ],
+    ids=["fcfs", "too-few", "a-bool", "not-a-list"],
+)  # fmt: skip
+def test_a_bad_priority_is_one_line_and_queues_nothing(policy, priority, message):
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy=policy)
+    with pytest.raises(ValueError) as err:
+        llm.generate(ragged_prompts(2, llm.vocab_size), greedy(2), priority=priority)
+    assert str(err.value) == message
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+@pytest.mark.eager
 def test_static_scheduling_admits_a_batch_only_when_the_last_has_finished():
     llm = make_llm("llama-tiny", "eager", max_num_seqs=2, scheduling="static")
     steps = []

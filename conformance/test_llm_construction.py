@@ -36,6 +36,7 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens: expected an int >= 1, got 0"),
         ({"enable_chunked_prefill": "yes"}, "enable_chunked_prefill: expected a bool, got 'yes'"),
         ({"scheduling": "fifo"}, "scheduling: expected one of ['continuous', 'static'], got 'fifo'"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy: expected one of ['fcfs', 'priority'], got 'lifo'"),
         ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
          "max_num_batched_tokens (3) must be >= max_num_seqs (4): a decode step feeds one token per sequence"),
         ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
@@ -44,7 +45,7 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
          "tokens than the KV cache; lower it or raise the others"),
     ],
     ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "chunked-prefill-not-a-bool",
-         "unknown-scheduling", "fewer-tokens-than-seqs", "tp-size", "more-tokens-than-the-cache"],
+         "unknown-scheduling", "unknown-scheduling-policy", "fewer-tokens-than-seqs", "tp-size", "more-tokens-than-the-cache"],
 )  # fmt: skip
 def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):
     """Refused before the memory check and the weights (a checkpoint's would load first otherwise)."""

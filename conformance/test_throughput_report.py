@@ -52,7 +52,7 @@ def test_a_throughput_file_gives_one_row_per_run_with_its_own_numbers():
         assert (row.gpu, row.date, row.source) == ("NVIDIA H200", doc["env"]["date"], str(BUDGET_8192))
     assert rows[0].workload == (
         "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, "
-        "max_model_len 1536, chunked prefill, bfloat16"
+        "max_model_len 1536, chunked prefill, fcfs, bfloat16"
     )
     assert read_throughput_rows(STARTUP) is None and read_throughput_rows(LATENCY) is None
     assert read_startup_rows(BUDGET_8192) is None  # nor is a throughput file a start-up file
@@ -173,6 +173,20 @@ def test_runs_with_and_without_chunked_prefill_are_two_workloads(tmp_path):
     assert [", no chunked prefill," in line for line in heads] == [False, True]
     assert len(_lines(text, "| llama-3.1-8b | NVIDIA H200 | no_inductor | full |")) == 2
     assert f"`{unchunked}`" in text and f"`{BUDGET_512}`" in text
+
+
+def test_runs_under_the_two_scheduling_policies_are_two_workloads_and_a_file_without_one_is_fcfs(tmp_path):
+    """The priority policy's run (longest output first) and fcfs's over the same requests: two tables. Files
+    written before the flag existed hold no policy: they ran fcfs."""
+    doc = json.loads(BUDGET_512.read_text())
+    doc["engine"]["scheduling_policy"] = "priority"
+    doc["env"]["date"] = "2999-01-01T00:00:00+00:00"
+    by_priority = tmp_path / "priority.json"
+    by_priority.write_text(json.dumps(doc))
+    text = _report(tmp_path, BUDGET_512, by_priority)
+    heads = _lines(text, "512 requests")
+    assert len(heads) == 2 and ["longest output first" in line for line in heads] == [False, True]
+    assert all(", fcfs" in line for line in heads if "longest output first" not in line)
 
 
 def test_the_newest_run_is_the_later_instant_whatever_each_machines_time_zone(tmp_path):

@@ -47,8 +47,10 @@ from reference.benchmark.cli import (
 from reference.config import CUDAGRAPH_MODES, echo
 
 PROG = "python -m reference.bench_throughput"
-# reference.engine.scheduler.SCHEDULING, spelled here so that --help imports no torch (a test keeps them equal)
+# reference.engine.scheduler's SCHEDULING and SCHEDULING_POLICIES, spelled here so that --help imports no torch
+# (a test keeps them equal)
 SCHEDULINGS = ("continuous", "static")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def length_range(text: str) -> tuple[int, int]:
@@ -123,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(SCHEDULINGS),
         help="comma-separated, run in this order for each mode: continuous (batching with chunked prefill), "
         f"static (the baseline: batches of --max-num-seqs run to their end) (default: {','.join(SCHEDULINGS)})",
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="which waiting request starts first (vLLM's scheduling_policy): fcfs, in arrival order; priority, "
+        "the longest output first (each request's priority is its output length, negated: the bench knows it, "
+        "since it sets max_tokens with ignore_eos) (default: fcfs)",
     )
     parser.add_argument(
         "--cudagraph-mode",

@@ -112,6 +112,18 @@ def _checks_in_order(*checks: str):
     return append
 
 
+def _queued_with(insort):
+    """``Scheduler.add`` that queues a request with ``insort(waiting, request)`` under the priority policy."""
+
+    def add(self, request):
+        if self.by_priority:
+            insort(self.waiting, request)
+        else:
+            self.waiting.append(request)
+
+    return add
+
+
 _real_sample = LLMEngine._sample
 
 
@@ -292,5 +304,22 @@ FAULTS = [
             mock.patch.object(Scheduler, "finish", _finish_without_the_row_given_back),
         ),
         tests="each_request_generates_what_it_generates_alone",
+    ),
+    Fault(
+        id="priority-ties-last-come-first",
+        kind="engine",
+        description="under scheduling_policy='priority' a request is queued before the waiting requests of its "
+        "own priority, so equal priorities run last come, first served",
+        plant=patches(mock.patch.object(
+            Scheduler, "add", _queued_with(lambda q, r: bisect.insort_left(q, r, key=lambda w: w.priority))
+        )),  # fmt: skip
+        tests="test_the_priority_policy_admits_the_lowest_value_first",
+    ),
+    Fault(
+        id="priority-policy-ignored",
+        kind="engine",
+        description="scheduling_policy='priority' queues requests in arrival order, whatever their priority",
+        plant=patches(mock.patch.object(Scheduler, "add", _queued_with(list.append))),
+        tests="test_every_step_keeps_the_scheduling_rules_and_every_request_ends",
     ),
 ]

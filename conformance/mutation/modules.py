@@ -47,6 +47,16 @@ MODULES: dict[str, Module] = {
             "conformance/test_throughput_report.py",
         ),
     ),
+    "benchmark.cli": Module(
+        # what every command line shares: the one-line parser, the flag types, the output-path checks
+        sources=("reference/benchmark/cli.py",),
+        tests=(
+            "conformance/test_output_paths.py",
+            "conformance/test_bench_cli.py",
+            "conformance/test_bench_startup.py",
+            "conformance/test_bench_throughput.py",
+        ),
+    ),
     "compilation": Module(
         # the CPU-reachable stages: trace, split, compile each piece, count; the CUDA-graph wrappers
         # (cuda_graph.py, full_graph.py, replays.py, stale_outputs.py, and breakable.py, whose code is its

@@ -113,6 +113,8 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     bandwidth = floor_bandwidth(device)  # before any weights: the probe's 2 GiB are freed again
     workload = draw_workload(args.seed, args.num_prompts, args.input_len, args.output_len, vocab)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
+    # the priority policy's order: the longest output first (each request's length is its max_tokens)
+    priority = [-n for n in workload.output_lens] if args.scheduling_policy == "priority" else None
     rows: list[dict[str, Any]] = []
     first_tokens: dict[str, list[list[int]]] = {}  # per scheduling, the first mode's: the agreement column
     owner: LLM | None = None  # the LLM holding the weights
@@ -126,7 +128,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             llm = _build_llm(args, device, owner, scheduling, **mode_kwargs(mode, overrides))
             startup_s = time.perf_counter() - start
             owner = owner or llm
-            row, tokens = _time_generate(llm, workload, params, bandwidth)
+            row, tokens = _time_generate(llm, workload, params, priority, bandwidth)
             first = first_tokens.setdefault(scheduling, tokens)
             agree = sum(a == b for a, b in zip(tokens, first)) / len(tokens)
             ran = llm.runner.config.cudagraph_mode  # after any lowering for the attention
@@ -164,6 +166,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "max_num_batched_tokens": owner.runner.max_num_tokens,
             "max_model_len": owner.max_model_len,
             "enable_chunked_prefill": args.enable_chunked_prefill,
+            "scheduling_policy": args.scheduling_policy,
             "dtype": str(owner.dtype).removeprefix("torch."),
             "device": str(owner.device),
         },
@@ -200,6 +203,7 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
             max_model_len=args.max_model_len,
             enable_chunked_prefill=args.enable_chunked_prefill,
             scheduling=scheduling,
+            scheduling_policy=args.scheduling_policy,
             share_weights_with=owner,
             skip_tokenizer_init=True,  # token-id prompts, ignore_eos: a tokenizer would only be a way to fail
             use_tqdm=False,
@@ -208,10 +212,15 @@ def _build_llm(args: argparse.Namespace, device: torch.device, owner: LLM | None
 
 
 def _time_generate(
-    llm: LLM, workload: Workload, params: list[SamplingParams], bandwidth: Bandwidth | None
+    llm: LLM,
+    workload: Workload,
+    params: list[SamplingParams],
+    priority: list[int] | None,
+    bandwidth: Bandwidth | None,
 ) -> tuple[dict, list[list[int]]]:
-    """The warm-up, then the timed ``generate`` of the whole workload with its steps counted; the row's
-    measured fields and the tokens each request generated. ``bandwidth``: the floor's (None: no floor)."""
+    """The warm-up, then the timed ``generate`` of the whole workload (``priority``: generate's, one per
+    request, or None) with its steps counted; the row's measured fields and the tokens each request
+    generated. ``bandwidth``: the floor's (None: no floor)."""
     warmup = slice(0, WARMUP_REQUESTS)
     warmup_params = [SamplingParams(temperature=0, max_tokens=min(p.max_tokens, WARMUP_MAX_TOKENS), ignore_eos=True)
                      for p in params[warmup]]  # fmt: skip
@@ -240,7 +249,7 @@ def _time_generate(
             sync(llm.device)
             start = time.perf_counter()
             clock.start()
-            outputs = llm.generate(workload.prompts, params, use_tqdm=False)
+            outputs = llm.generate(workload.prompts, params, use_tqdm=False, priority=priority)
             sync(llm.device)
             elapsed = time.perf_counter() - start
         finally:

@@ -117,10 +117,12 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
     try:
         w, e, env = (f.table(name, doc[name]) for name in ("workload", "engine", "env"))
         chunked = "chunked prefill" if e["enable_chunked_prefill"] else "no chunked prefill"
+        policy = f.text("scheduling_policy", e.get("scheduling_policy", "fcfs"))  # files before the flag: fcfs
+        policy = "priority, longest output first" if policy == "priority" else policy
         workload = (
             f"{w['num_prompts']} requests, input {_span(w['input_len'])}, output {_span(w['output_len'])}, seed "
             f"{w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens {e['max_num_batched_tokens']}, "
-            f"max_model_len {e['max_model_len']}, {chunked}, {e['dtype']}"
+            f"max_model_len {e['max_model_len']}, {chunked}, {policy}, {e['dtype']}"
         )
         model, gpu = f.text("model", doc["model"]), f.text("gpu", env.get("gpu"), optional=True)
         torch, date = f.text("torch", env["torch"]), check_date(env["date"], path)

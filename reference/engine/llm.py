@@ -24,7 +24,7 @@ from reference.engine.memory_check import check_memory_before_build
 from reference.engine.requests import RequestBuilder, RequestOutput
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams
-from reference.engine.scheduler import SCHEDULING
+from reference.engine.scheduler import SCHEDULING, SCHEDULING_POLICIES
 from reference.models import registry
 from reference.ops import CustomOpSelection
 
@@ -59,6 +59,9 @@ class LLM:
             False admits a prompt only when all of it fits one step, and refuses a longer one.
         scheduling: ``'continuous'`` (default) or ``'static'``: requests in batches of up to
             ``max_num_seqs``, the next batch admitted when the last has finished (a baseline).
+        scheduling_policy: which waiting request goes first (vLLM's field): ``'fcfs'`` (default), arrival
+            order; ``'priority'``, the lowest ``generate(priority=...)`` value first, ties in arrival order.
+            No running request is preempted for a later one (:mod:`reference.engine.scheduler`).
         device: ``'cuda'`` if available, else ``'cpu'``.
         seed: seed of the weights (presets are randomly initialised) and of the per-request generators of
             requests without their own ``seed``.
@@ -101,6 +104,7 @@ class LLM:
         max_num_batched_tokens: int | None = None,
         enable_chunked_prefill: bool = True,
         scheduling: str = "continuous",
+        scheduling_policy: str = "fcfs",
         device: str | torch.device | None = None,
         seed: int = 0,
         tokenizer: str | None = None,
@@ -118,6 +122,10 @@ class LLM:
                 raise ValueError(f"{name}: expected a bool, got {echo(flag)}")
         if scheduling not in SCHEDULING:
             raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {echo(scheduling)}")
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {echo(scheduling_policy)}"
+            )
         if skip_tokenizer_init and tokenizer is not None:
             raise ValueError("tokenizer and skip_tokenizer_init=True contradict: give one")
         if not isinstance(model, str) or not model:
@@ -211,7 +219,11 @@ class LLM:
             self.startup: StartupStats = self.runner.warm_up(progress=report)
             report("ready")
         self.llm_engine = LLMEngine(
-            self.runner, self.requests, enable_chunked_prefill=enable_chunked_prefill, scheduling=scheduling
+            self.runner,
+            self.requests,
+            enable_chunked_prefill=enable_chunked_prefill,
+            scheduling=scheduling,
+            scheduling_policy=scheduling_policy,
         )
 
     @property
@@ -233,6 +245,7 @@ class LLM:
         prompts: str | Mapping | Sequence,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate a completion for every prompt.
 
@@ -241,6 +254,8 @@ class LLM:
                 or a list of them. Strings need a tokenizer. A flat list of ints is refused as ambiguous.
             sampling_params: one for all prompts, one per prompt, or None for ``SamplingParams()``.
             use_tqdm: show a progress bar over finished prompts.
+            priority: one int per prompt, lower served first (vLLM's argument); only with
+                ``scheduling_policy='priority'``. None: 0 for every prompt, which is arrival order.
 
         Returns:
             One :class:`RequestOutput` per prompt, in prompt order.
@@ -250,7 +265,8 @@ class LLM:
                 ``max_tokens`` does not fit ``max_model_len``; string prompts without a tokenizer; a stop
                 token outside the vocabulary; the number of sampling params differs from the prompts'; a
                 prompt longer than ``max_num_batched_tokens`` without chunked prefill; ``min_tokens`` with
-                EOS and stop tokens that cover the whole vocabulary; ``llm_engine`` holding requests of its own.
+                EOS and stop tokens that cover the whole vocabulary; ``llm_engine`` holding requests of its own;
+                ``priority`` under ``scheduling_policy='fcfs'``, or not one int per prompt.
             Anything raised inside a step (an interrupt included): the call's requests are aborted first,
             so the next call starts from an empty engine.
         """
@@ -260,7 +276,7 @@ class LLM:
                 "generate would drop; step them to the end (llm_engine.step() while "
                 "llm_engine.has_unfinished_requests()) or abort them (llm_engine.abort_requests(ids)) first"
             )
-        ids = self.llm_engine.add_requests(prompts, sampling_params)
+        ids = self.llm_engine.add_requests(prompts, sampling_params, priority)
         done: dict[str, RequestOutput] = {}
         try:
             with tqdm(total=len(ids), desc="Processed prompts", disable=True if not use_tqdm else None) as bar:

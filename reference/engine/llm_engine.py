@@ -33,7 +33,7 @@ class LLMEngine:
     Args:
         runner: the compiled model, its KV cache and its limits (``max_num_seqs``, ``max_num_tokens``).
         requests: checks prompts and sampling params into requests and finished requests into outputs.
-        enable_chunked_prefill, scheduling: the :class:`Scheduler`'s.
+        enable_chunked_prefill, scheduling, scheduling_policy: the :class:`Scheduler`'s.
     """
 
     def __init__(
@@ -43,6 +43,7 @@ class LLMEngine:
         *,
         enable_chunked_prefill: bool,
         scheduling: str,
+        scheduling_policy: str = "fcfs",
     ):
         self.runner, self.requests = runner, requests
         self.scheduler = Scheduler(
@@ -50,13 +51,15 @@ class LLMEngine:
             runner.max_num_tokens,
             enable_chunked_prefill=enable_chunked_prefill,
             scheduling=scheduling,
+            scheduling_policy=scheduling_policy,
         )
         self._previous: tuple[list[Request], torch.Tensor] | None = None  # last step's samplers, samples [S]
         self._in_flight: tuple | None = None  # (samplers, host copy of their samples [S], event after the copy)
 
-    def add_requests(self, prompts, sampling_params=None) -> list[str]:
+    def add_requests(self, prompts, sampling_params=None, priority=None) -> list[str]:
         """Queue prompts (the forms ``LLM.generate`` takes); each joins the first step with a free row and
-        budget for it, in the order given.
+        budget for it, in the order given, or under ``scheduling_policy='priority'`` in ``priority`` order
+        (one int per prompt, lower first; ties in the order given).
 
         Returns:
             Their request ids, which the ``RequestOutput`` objects :meth:`step` returns carry.
@@ -64,7 +67,12 @@ class LLMEngine:
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is queued then.
         """
-        requests = self.requests.make(prompts, sampling_params)
+        if priority is not None and not self.scheduler.by_priority:  # vLLM refuses it too
+            raise ValueError(
+                "priority: given, but scheduling_policy is 'fcfs', which ignores it; build the LLM with "
+                "scheduling_policy='priority'"
+            )
+        requests = self.requests.make(prompts, sampling_params, priority)
         for request in requests:
             self.scheduler.add(request)
         return [r.request_id for r in requests]

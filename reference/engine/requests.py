@@ -63,6 +63,7 @@ class Request:
     params: SamplingParams
     generator: torch.Generator | None
     banned_early: list[int]  # tokens masked while fewer than min_tokens were generated
+    priority: int = 0  # the scheduler's order under scheduling_policy='priority': lower first
     row: int = 0
     num_cached: int = 0  # prompt tokens scheduled into the KV cache (chunked prefill)
     num_sampled: int = 0  # tokens sampled so far, read by the host or still in flight
@@ -109,13 +110,22 @@ class RequestBuilder:
         self._seeds = random.Random(seed)  # per-request seeds for requests without one
         self._next_request = 0
 
-    def make(self, prompts, sampling_params) -> list[Request]:
-        """Checked requests, one per prompt (see ``LLM.generate`` for the accepted forms).
+    def make(self, prompts, sampling_params, priority=None) -> list[Request]:
+        """Checked requests, one per prompt (see ``LLM.generate`` for the accepted forms); ``priority``: one
+        int per prompt (the scheduler's order under ``scheduling_policy='priority'``), or None for 0 each.
 
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is consumed (request ids, seeds) on error.
         """
         items = prompt_list(prompts)
+        if priority is None:
+            priority = [0] * len(items)
+        if not (
+            isinstance(priority, (list, tuple))
+            and len(priority) == len(items)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in priority)
+        ):
+            raise ValueError(f"priority: expected one int per prompt ({len(items)}), got {echo(priority)}")
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -154,12 +164,12 @@ class RequestBuilder:
                 )
             checked.append((text, ids, p))
         requests = []  # made once every prompt is valid, so a refused call consumes no ids or seeds
-        for text, ids, p in checked:
+        for (text, ids, p), rank in zip(checked, priority):
             eos = set() if p.ignore_eos else {t for t in self.eos_token_ids if t < self.vocab_size}
             seed = p.seed if p.seed is not None else self._seeds.getrandbits(63)
             generator = None if p.greedy else make_generator(seed, self.device)
             banned = sorted(eos | set(p.stop_token_ids))
-            requests.append(Request(str(self._next_request), text, ids, p, generator, banned))
+            requests.append(Request(str(self._next_request), text, ids, p, generator, banned, priority=rank))
             self._next_request += 1
         return requests
 

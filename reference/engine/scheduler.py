@@ -14,18 +14,24 @@ preempted).
 end before the next starts (static batching, the engine before continuous batching; kept as the
 throughput benchmark's baseline).
 
+Which waiting request goes first is vLLM's ``scheduling_policy``: ``'fcfs'`` (the default), arrival order;
+``'priority'``, the lowest ``Request.priority`` value first and equal values in arrival order. vLLM's priority
+policy also preempts a running request of a later priority when the KV cache is full; here a request needs
+one free row, which only a finished one frees, so none is preempted and a running request always runs on.
+
 The scheduler counts tokens, not outcomes: the engine tells it when a request has sampled its last token
 (:meth:`Scheduler.finish`), which frees the request's row for the next step.
 """
 
 from __future__ import annotations
 
-import collections
+import bisect
 from dataclasses import dataclass, field
 
 from reference.engine.requests import Request
 
 SCHEDULING = ("continuous", "static")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -70,9 +76,11 @@ class Scheduler:
         enable_chunked_prefill: cut prompts to what is left of the budget (else a prompt waits until all of
             it fits, and one longer than the budget is refused by :meth:`add`).
         scheduling: ``'continuous'`` or ``'static'`` (module doc).
+        scheduling_policy: ``'fcfs'`` or ``'priority'``: the order of the waiting queue (module doc).
 
     Raises:
-        ValueError: ``scheduling`` not one of :data:`SCHEDULING`, or a budget below ``max_num_seqs``.
+        ValueError: ``scheduling`` not one of :data:`SCHEDULING`, ``scheduling_policy`` not one of
+            :data:`SCHEDULING_POLICIES`, or a budget below ``max_num_seqs``.
     """
 
     def __init__(
@@ -82,9 +90,14 @@ class Scheduler:
         *,
         enable_chunked_prefill: bool = True,
         scheduling: str = "continuous",
+        scheduling_policy: str = "fcfs",
     ):
         if scheduling not in SCHEDULING:
             raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {scheduling!r}")
+        if scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {scheduling_policy!r}"
+            )
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
@@ -92,7 +105,8 @@ class Scheduler:
             )
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.chunked, self.static = enable_chunked_prefill, scheduling == "static"
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.by_priority = scheduling_policy == "priority"
+        self.waiting: list[Request] = []  # the queue, first to be admitted first
         self.running: list[Request] = []  # admission order
         self.free_rows = list(range(max_num_seqs))  # lowest first
 
@@ -108,7 +122,10 @@ class Scheduler:
                 f"max_num_batched_tokens ({self.budget}) and enable_chunked_prefill is False: it can never run; "
                 "enable chunked prefill or raise max_num_batched_tokens"
             )
-        self.waiting.append(request)
+        if self.by_priority:  # after every request of the same priority: ties in arrival order
+            bisect.insort_right(self.waiting, request, key=lambda r: r.priority)
+        else:
+            self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -148,7 +165,7 @@ class Scheduler:
 
     def _admit(self) -> Request:
         """Move the first waiting request to the running ones, in the lowest free row."""
-        r = self.waiting.popleft()
+        r = self.waiting.pop(0)
         r.row = self.free_rows.pop(0)
         self.running.append(r)
         return r
@@ -164,7 +181,7 @@ class Scheduler:
         if any(r is request for r in self.running):
             self.finish(request)
         else:
-            self.waiting = collections.deque(r for r in self.waiting if r is not request)
+            self.waiting = [r for r in self.waiting if r is not request]
 
     def finish(self, request: Request) -> None:
         """``request`` runs in no later step: free its row for the next one.
