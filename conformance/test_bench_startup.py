@@ -97,7 +97,7 @@ def test_paths_that_cannot_be_used_are_refused_before_any_start(tmp_path, capsys
         (["--output-json", str(tmp_path)], f"--output-json: '{tmp_path}' is a directory; give a file path"),
         (["--output-json", "/proc/startup.json"], "--output-json: cannot write in '/proc' ("),
         (["--cache-dir", "/proc/cache"], "--cache-dir: cannot write in '/proc/cache': cannot make a folder in '/proc'"),
-        (["--cache-dir", str(spaced)], f"--cache-dir: {spaced} has a space, which Inductor's C++ compile"),
+        (["--cache-dir", str(spaced)], f"--cache-dir: '{spaced}' has a space, which Inductor's C++ compile"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(["--modes", "eager", *argv])

@@ -45,7 +45,8 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
          "tokens than the KV cache; lower it or raise the others"),
     ],
     ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "chunked-prefill-not-a-bool",
-         "unknown-scheduling", "unknown-scheduling-policy", "fewer-tokens-than-seqs", "tp-size", "more-tokens-than-the-cache"],
+         "unknown-scheduling", "unknown-scheduling-policy", "fewer-tokens-than-seqs", "tp-size",
+         "more-tokens-than-the-cache"],
 )  # fmt: skip
 def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):
     """Refused before the memory check and the weights (a checkpoint's would load first otherwise)."""

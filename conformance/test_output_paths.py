@@ -26,12 +26,21 @@ def _refusal(cli: str, argv: list[str], capsys) -> str:
 
 
 @pytest.mark.parametrize("cli", CLIS)
-def test_an_output_json_ending_in_a_slash_names_a_folder_and_is_refused(cli, tmp_path, capsys, monkeypatch):
-    """``/new/dir/`` was written as a file named ``dir``: ``Path`` drops the trailing slash."""
+@pytest.mark.parametrize("path", ["new/dir/", "new/dir/.", "new/sub/..", ".", ".."])
+def test_an_output_json_that_names_a_folder_by_its_spelling_is_refused(cli, path, tmp_path, capsys, monkeypatch):
+    """``new/dir/`` and ``new/dir/.`` were written as a file named ``dir`` (``Path`` drops the ``/`` and the
+    ``/.``), and ``new/sub/..`` failed after the whole run, leaving ``new/sub`` behind."""
     monkeypatch.chdir(tmp_path)
-    line = _refusal(cli, ["--output-json", "new/dir/"], capsys)
-    assert "argument --output-json: 'new/dir/' ends with '/', a folder; give a file path" in line
+    line = _refusal(cli, ["--output-json", path], capsys)
+    assert f"argument --output-json: {path!r} names a folder (it ends with" in line and "give a file path" in line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_an_output_name_longer_than_the_system_allows_is_one_line(cli, tmp_path, capsys):
+    """``Path.is_dir()`` raised "File name too long" from inside the check: a traceback."""
+    line = _refusal(cli, ["--output-json", str(tmp_path / ("x" * 300))], capsys)
+    assert "--output-json: cannot use '" in line and "(File name too long)" in line
 
 
 @pytest.mark.parametrize("cli", CLIS)
@@ -68,3 +77,33 @@ def test_a_run_refused_after_the_path_checks_makes_no_folder(tmp_path, capsys):
 def test_an_unwritable_place_for_a_missing_folder_names_the_folder_and_where_it_would_be_made(cli, flag, capsys):
     line = _refusal(cli, [flag, "/proc/no-such/dir"], capsys)
     assert f"{flag}: cannot write in '/proc/no-such/dir': cannot make a folder in '/proc' (" in line
+
+
+@pytest.mark.parametrize(
+    "cli, flag", [("bench_latency", "--results-dir"), ("bench_startup", "--cache-dir")], ids=["results", "cache"]
+)
+def test_a_folder_name_longer_than_the_system_allows_is_one_line(cli, flag, tmp_path, capsys):
+    line = _refusal(cli, [flag, str(tmp_path / ("x" * 300) / "sub")], capsys)
+    assert f"{flag}: cannot use '" in line and "(File name too long)" in line
+
+
+def test_a_folder_behind_a_broken_symbolic_link_says_so(tmp_path, capsys):
+    """It was called "a file"."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    line = _refusal("bench_latency", ["--output-json", str(tmp_path / "dangling" / "o.json")], capsys)
+    assert f"'{tmp_path / 'dangling'}' is a broken symbolic link, not a folder" in line
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_a_nul_byte_in_an_output_path_is_refused_before_the_run(cli, capsys):
+    """Only a caller in Python can pass one; it failed in the clean-up after the whole run."""
+    line = _refusal(cli, ["--output-json", "a\x00b.json"], capsys)
+    assert "argument --output-json: 'a\\x00b.json' has a NUL byte, which no path can hold" in line
+
+
+def test_a_home_folder_is_expanded_as_the_compile_caches_folder_is(tmp_path, monkeypatch):
+    """``'~/x.json'`` (quoted, so no shell expanded it) made a folder named ``~``; ``cache_dir`` expands it."""
+    from reference.benchmark.cli import output_file
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert output_file("~/runs/x.json") == tmp_path / "runs" / "x.json"

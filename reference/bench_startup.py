@@ -41,6 +41,7 @@ from reference.benchmark.cli import (
     positive_int,
 )
 from reference.benchmark.overrides import add_compilation_flags, check_overrides, level_mode, parse_with_vllm_spellings
+from reference.config import echo
 
 PROG = "python -m reference.bench_startup"
 COLUMNS = ("import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s")
@@ -90,8 +91,8 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
         check_writable_dir(parser, "--cache-dir", args.cache_dir)
         if any(c.isspace() for c in str(args.cache_dir.resolve())):
             parser.error(
-                f"--cache-dir: {args.cache_dir} has a space, which Inductor's C++ compile cannot take (torch passes "
-                "the path unquoted); choose a path without one"
+                f"--cache-dir: {echo(str(args.cache_dir))} has a space, which Inductor's C++ compile cannot take "
+                "(torch passes the path unquoted); choose a path without one"
             )
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)

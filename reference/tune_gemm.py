@@ -222,9 +222,15 @@ def main(argv: list[str] | None = None) -> None:
         "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),
         "commit": source_commit(Path(__file__).resolve().parents[1]),
     }
-    if args.output_json is not None:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        args.output_json.write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    if args.output_json is not None:  # whole or not at all, as the other tools write
+        from reference.benchmark.report import write_whole
+
+        try:
+            args.output_json.parent.mkdir(parents=True, exist_ok=True)
+            write_whole(args.output_json, json.dumps({"env": env, "rows": rows}, indent=1))
+        except OSError as err:  # the disk filled or the folder went during the sweep: the table above stays
+            print(f"{PROG}: error: cannot write {args.output_json} ({err.strerror or err})", file=sys.stderr)
+            sys.exit(1)
         print(f"wrote {args.output_json}", file=sys.stderr)
     if args.write:
         write_configs(winners, env, CONFIG_FILE)

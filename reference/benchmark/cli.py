@@ -76,13 +76,21 @@ def thread_count(text: str) -> int:
     return value
 
 
+def _path_text(text: str, what: str) -> str:
+    """``text`` checked as a path: not empty (``Path('')`` is the working directory, which no one means by an
+    empty value) and without a NUL byte (no path can hold one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"empty; give {what}")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{echo(text)} has a NUL byte, which no path can hold")
+    return text
+
+
 def non_empty_path(what: str) -> Callable[[str], Path]:
-    """argparse type: a non-empty path (``Path('')`` is the working directory, which no one means by an empty value)."""
+    """argparse type: a path (:func:`_path_text`), ``~`` expanded as the compile cache's ``cache_dir`` is."""
 
     def parse(text: str) -> Path:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"empty; give {what}")
-        return Path(text)
+        return Path(_path_text(text, what)).expanduser()
 
     return parse
 
@@ -151,23 +159,39 @@ def device_name(text: str) -> str:
 
 
 def output_file(text: str) -> Path:
-    """argparse type: a file path to write. Empty, or ending in '/' (a folder: ``Path`` would drop the slash and
-    write a file of the folder's name), is an error."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("empty; give a file path")
-    if text.endswith(("/", os.sep)):
-        raise argparse.ArgumentTypeError(f"{echo(text)} ends with '/', a folder; give a file path")
-    return Path(text)
+    """argparse type: a file path to write (:func:`_path_text`, ``~`` expanded). One spelled as a folder, ending
+    in '/', '.' or '..', is an error: ``Path`` drops a trailing '/' or '/.' and would write a file of the
+    folder's name."""
+    _path_text(text, "a file path")
+    last = text.rstrip("/").rsplit("/", 1)[-1]
+    if text.endswith("/") or last in (".", ".."):
+        ending = "/" if text.endswith("/") else last
+        raise argparse.ArgumentTypeError(f"{echo(text)} names a folder (it ends with {ending!r}); give a file path")
+    return Path(text).expanduser()
+
+
+def _refuse_unusable(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse (``parser.error``) a path the system cannot look up (a name too long, a folder on the way that
+    cannot be searched, a loop of links); one that does not exist yet, or runs into a file, is left to the
+    checks after this."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        parser.error(f"{flag}: cannot use {echo(str(path))} ({err.strerror or err})")
 
 
 def check_writable_dir(parser: argparse.ArgumentParser, flag: str, directory: Path) -> None:
     """Refuse (``parser.error``) a folder this process cannot write a file in, before a run that would find
     out at its end. Nothing is made here: a missing folder is made when the file is written (a run refused
     later leaves nothing behind), so the check is on the nearest folder that exists, where it would be made."""
+    _refuse_unusable(parser, flag, directory)
     existing = next(p for p in (directory, *directory.parents) if p.exists() or p.is_symlink())
     if not existing.is_dir():
         where = "" if existing == directory else f"cannot write in {echo(str(directory))}: "
-        parser.error(f"{flag}: {where}{echo(str(existing))} is a file, not a folder")
+        kind = "a broken symbolic link" if existing.is_symlink() and not existing.exists() else "a file"
+        parser.error(f"{flag}: {where}{echo(str(existing))} is {kind}, not a folder")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
@@ -181,6 +205,7 @@ def check_writable_dir(parser: argparse.ArgumentParser, flag: str, directory: Pa
 def check_output_file(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
     """Refuse (``parser.error``) an output file path that is a folder or whose folder cannot be written
     (:func:`check_writable_dir`)."""
+    _refuse_unusable(parser, flag, path)
     if path.is_dir():
         parser.error(f"{flag}: {echo(str(path))} is a directory; give a file path")
     check_writable_dir(parser, flag, path.parent)
