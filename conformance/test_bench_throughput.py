@@ -9,7 +9,7 @@ import pytest
 
 from reference import bench_throughput
 from reference.bench_throughput import SCHEDULINGS, main
-from reference.benchmark import throughput
+from reference.benchmark import throughput, throughput_results
 from reference.benchmark.throughput import FIRST_PROMPT_TOKEN, draw_workload
 from reference.engine.scheduler import SCHEDULING, SCHEDULING_POLICIES
 
@@ -99,6 +99,9 @@ def test_the_priority_policy_runs_the_longest_outputs_first_so_the_steps_are_tho
     assert static["num_steps"] == _static_steps(longest_first, 3)
     assert doc["engine"]["scheduling_policy"] == "priority"
     assert all(row["output_tokens"] == sum(longest_first) for row in doc["rows"])
+    assert bench_throughput.header(doc).splitlines()[0].endswith(", scheduling_policy priority (longest output first)")
+    doc["engine"]["scheduling_policy"] = "fcfs"
+    assert bench_throughput.header(doc).splitlines()[0].endswith(", scheduling_policy fcfs")
 
 
 @pytest.mark.eager
@@ -245,7 +248,7 @@ def test_a_workload_is_drawn_within_its_ranges_and_a_single_length_is_every_requ
 
 def test_the_cli_offers_the_engines_schedulings_and_policies():
     assert SCHEDULINGS == SCHEDULING
-    assert bench_throughput.SCHEDULING_POLICIES == SCHEDULING_POLICIES
+    assert bench_throughput.SCHEDULING_POLICIES == SCHEDULING_POLICIES == tuple(throughput_results.POLICY_WORDS)
 
 
 @pytest.mark.parametrize(

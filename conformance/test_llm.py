@@ -183,16 +183,30 @@ def test_under_the_priority_policy_the_lowest_value_runs_first_and_outputs_keep_
 
 
 @pytest.mark.eager
+def test_priorities_of_0_pass_under_fcfs_and_numpy_ints_are_ints_as_in_vllm():
+    """vLLM refuses only a priority other than 0 under fcfs, and takes any integral number."""
+    import numpy as np
+
+    fcfs = make_llm("llama-tiny", "eager", max_num_seqs=1)
+    prompts = ragged_prompts(2, fcfs.vocab_size)
+    assert len(fcfs.generate(prompts, greedy(1), priority=[0, 0])) == 2
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy="priority", share_weights_with=fcfs)
+    outputs = llm.generate(prompts, greedy(1), priority=np.array([1, 0]))
+    assert [o.prompt_token_ids for o in outputs] == prompts
+
+
+@pytest.mark.eager
 @pytest.mark.parametrize(
     "policy, priority, message",
     [
-        ("fcfs", [0, 1], "priority: given, but scheduling_policy is 'fcfs', which ignores it; build the LLM with "
-         "scheduling_policy='priority'"),
-        ("priority", [0], "priority: expected one int per prompt (2), got [0]"),
-        ("priority", [0, True], "priority: expected one int per prompt (2), got [0, True]"),
-        ("priority", 3, "priority: expected one int per prompt (2), got 3"),
+        ("fcfs", [0, 1], "priority: [0, 1] is not 0 everywhere, but scheduling_policy is 'fcfs', which ignores it; "
+         "build the LLM with scheduling_policy='priority'"),
+        ("priority", [0], "priority: expected one int per prompt (2), got 1 value"),
+        ("priority", [0, True], "priority[1]: expected an int, got True"),
+        ("priority", [0, 1.5], "priority[1]: expected an int, got 1.5"),
+        ("priority", 3, "priority: expected a list or tuple of ints, one per prompt (2), got 3"),
     ],
-    ids=["fcfs", "too-few", "a-bool", "not-a-list"],
+    ids=["fcfs", "too-few", "a-bool", "a-float", "not-a-list"],
 )  # fmt: skip
 def test_a_bad_priority_is_one_line_and_queues_nothing(policy, priority, message):
     llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy=policy)

@@ -52,7 +52,7 @@ def test_a_throughput_file_gives_one_row_per_run_with_its_own_numbers():
         assert (row.gpu, row.date, row.source) == ("NVIDIA H200", doc["env"]["date"], str(BUDGET_8192))
     assert rows[0].workload == (
         "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, "
-        "max_model_len 1536, chunked prefill, fcfs, bfloat16"
+        "max_model_len 1536, chunked prefill, scheduling_policy fcfs, bfloat16"
     )
     assert read_throughput_rows(STARTUP) is None and read_throughput_rows(LATENCY) is None
     assert read_startup_rows(BUDGET_8192) is None  # nor is a throughput file a start-up file
@@ -137,6 +137,7 @@ def _spoiled(tmp_path, spoil) -> Path:
         (lambda d: d["rows"][0].update(cudagraph_mode=5), "cudagraph_mode 5 is not a string or null"),
         (lambda d: d["rows"][0].update(mode=None), "mode None is not a string"),
         (lambda d: d["rows"][0].update(scheduling={"a": 1}), "scheduling {'a': 1} is not a string"),
+        (lambda d: d["engine"].update(scheduling_policy="bogus"), "scheduling_policy 'bogus' is not one of"),
         (lambda d: d.update(model=None), "model None is not a string"),
         (lambda d: d["env"].update(gpu=3), "gpu 3 is not a string or null"),
         (lambda d: d["env"].update(torch=None), "torch None is not a string"),
@@ -185,8 +186,8 @@ def test_runs_under_the_two_scheduling_policies_are_two_workloads_and_a_file_wit
     by_priority.write_text(json.dumps(doc))
     text = _report(tmp_path, BUDGET_512, by_priority)
     heads = _lines(text, "512 requests")
-    assert len(heads) == 2 and ["longest output first" in line for line in heads] == [False, True]
-    assert all(", fcfs" in line for line in heads if "longest output first" not in line)
+    assert [", scheduling_policy priority (longest output first)," in line for line in heads] == [False, True]
+    assert [", scheduling_policy fcfs," in line for line in heads] == [True, False]
 
 
 def test_the_newest_run_is_the_later_instant_whatever_each_machines_time_zone(tmp_path):

@@ -17,6 +17,12 @@ so ``--input-len 8:64 --output-len 4:32`` is roughly vLLM's ``--input-len 36 --o
 leaves them to rounding), lets prompts and outputs spread differently, and is what the limits are checked
 against: ``--max-model-len`` defaults to MAX input + MAX output.
 
+``--scheduling-policy`` is vLLM's ``scheduling_policy`` for the whole run, one value: ``fcfs`` (arrival order) or
+``priority``, where each request's priority is its output length, negated, so the longest output starts first
+(the bench knows the lengths, which it sets as ``max_tokens`` with ``ignore_eos``; a server would not). Both
+schedulings of the run take the policy, so ``vs static`` compares them under it; comparing the two policies
+takes two runs, which the report shows as two workloads.
+
 ``--max-num-seqs`` defaults to 16, not vLLM's 256: a quarter of the default ``--num-prompts``, so static
 batching runs four batches and continuous batching has waiting requests to start in the rows that free up
 (with every prompt in one batch the two schedulings run the same steps), and a CPU step stays small.
@@ -44,6 +50,7 @@ from reference.benchmark.cli import (
     seed,
     usage_error,
 )
+from reference.benchmark.throughput_results import POLICY_WORDS
 from reference.config import CUDAGRAPH_MODES, echo
 
 PROG = "python -m reference.bench_throughput"
@@ -281,7 +288,7 @@ def header(doc: dict) -> str:
         f"{doc['model']} on {device}, {e['dtype']}: {w['num_prompts']} request{'s' * (w['num_prompts'] != 1)}, input "
         f"{_spelled(w['input_len'])} ({w['prompt_tokens']} tokens), output {_spelled(w['output_len'])} "
         f"({w['output_tokens']} tokens), seed {w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens "
-        f"{e['max_num_batched_tokens']}, max_model_len {e['max_model_len']}"
+        f"{e['max_num_batched_tokens']}, max_model_len {e['max_model_len']}, {POLICY_WORDS[e['scheduling_policy']]}"
     )
     if not env["gpu"] and any(m != "eager" for m in {r["mode"] for r in doc["rows"]}):
         line += "\nnote: CUDA graphs need CUDA; on this CPU the modes with graphs ran without them"

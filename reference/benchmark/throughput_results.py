@@ -3,9 +3,10 @@ each (mode, graph kind, scheduling) row's throughput over its workload, side by 
 
 A :class:`ThroughputRow` is one row of one run. Rows are compared only within a workload: the same model, GPU,
 requests (seed, count, length ranges), engine limits (``max_num_seqs``, ``max_num_batched_tokens``,
-``max_model_len``), chunked prefill on or off and dtype, which :attr:`ThroughputRow.workload` spells. Where
-several files give the same key, the newest run (by its recorded date) is kept. Files written before a field
-existed (the graph kind asked for, the step times, the decode floor) read that field as not measured.
+``max_model_len``), chunked prefill on or off, the scheduling policy and dtype, which
+:attr:`ThroughputRow.workload` spells. Where several files give the same key, the newest run (by its recorded
+date) is kept. Files written before a field existed (the graph kind asked for, the step times, the decode
+floor) read that field as not measured, and the policy as ``fcfs``, the only one there was.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class ThroughputRow:
         # what ran as well as what was asked: files from before the request was recorded asked with no field
         graphs = self.requested_cudagraph_mode, self.cudagraph_mode
         return self.model, self.gpu, self.workload, self.mode, graphs, self.scheduling
+
+
+# bench_throughput's --scheduling-policy values (the engine's SCHEDULING_POLICIES), in the words of a table's line
+POLICY_WORDS = {"fcfs": "scheduling_policy fcfs", "priority": "scheduling_policy priority (longest output first)"}
 
 
 def _span(pair: list[int]) -> str:
@@ -117,8 +122,10 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
     try:
         w, e, env = (f.table(name, doc[name]) for name in ("workload", "engine", "env"))
         chunked = "chunked prefill" if e["enable_chunked_prefill"] else "no chunked prefill"
-        policy = f.text("scheduling_policy", e.get("scheduling_policy", "fcfs"))  # files before the flag: fcfs
-        policy = "priority, longest output first" if policy == "priority" else policy
+        policy = e.get("scheduling_policy", "fcfs")  # files from before the flag: fcfs, the only policy then
+        if policy not in POLICY_WORDS:
+            raise ResultsError(f"{path}: scheduling_policy {policy!r} is not one of {list(POLICY_WORDS)}")
+        policy = POLICY_WORDS[policy]
         workload = (
             f"{w['num_prompts']} requests, input {_span(w['input_len'])}, output {_span(w['output_len'])}, seed "
             f"{w['seed']}; max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens {e['max_num_batched_tokens']}, "

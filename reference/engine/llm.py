@@ -254,8 +254,9 @@ class LLM:
                 or a list of them. Strings need a tokenizer. A flat list of ints is refused as ambiguous.
             sampling_params: one for all prompts, one per prompt, or None for ``SamplingParams()``.
             use_tqdm: show a progress bar over finished prompts.
-            priority: one int per prompt, lower served first (vLLM's argument); only with
-                ``scheduling_policy='priority'``. None: 0 for every prompt, which is arrival order.
+            priority: one int per prompt (a list, tuple or array of integers), lower served first (vLLM's
+                argument); values other than 0 only with ``scheduling_policy='priority'``. None: 0 for every
+                prompt, which is arrival order.
 
         Returns:
             One :class:`RequestOutput` per prompt, in prompt order.
@@ -266,7 +267,8 @@ class LLM:
                 token outside the vocabulary; the number of sampling params differs from the prompts'; a
                 prompt longer than ``max_num_batched_tokens`` without chunked prefill; ``min_tokens`` with
                 EOS and stop tokens that cover the whole vocabulary; ``llm_engine`` holding requests of its own;
-                ``priority`` under ``scheduling_policy='fcfs'``, or not one int per prompt.
+                a ``priority`` other than 0 under ``scheduling_policy='fcfs'`` (vLLM's rule), or not one int
+                per prompt.
             Anything raised inside a step (an interrupt included): the call's requests are aborted first,
             so the next call starts from an empty engine.
         """

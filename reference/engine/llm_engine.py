@@ -67,12 +67,8 @@ class LLMEngine:
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is queued then.
         """
-        if priority is not None and not self.scheduler.by_priority:  # vLLM refuses it too
-            raise ValueError(
-                "priority: given, but scheduling_policy is 'fcfs', which ignores it; build the LLM with "
-                "scheduling_policy='priority'"
-            )
-        requests = self.requests.make(prompts, sampling_params, priority)
+        policy = "priority" if self.scheduler.by_priority else "fcfs"
+        requests = self.requests.make(prompts, sampling_params, priority, policy)
         for request in requests:
             self.scheduler.add(request)
         return [r.request_id for r in requests]

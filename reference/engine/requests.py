@@ -3,6 +3,7 @@ finished requests turned into vLLM's ``RequestOutput``."""
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,31 @@ class Request:
         return self._banned_index
 
 
+def _priorities(priority, count: int) -> list[int]:
+    """``generate``'s ``priority`` as a list of ``count`` Python ints: any sized iterable of integral numbers
+    (numpy and torch integers too, as ``operator.index`` takes them), not bools.
+
+    Raises:
+        ValueError: not a sized iterable, ``count`` values or integral ones; naming the entry that is not.
+    """
+    if isinstance(priority, (str, bytes, Mapping)) or not hasattr(priority, "__len__"):
+        raise ValueError(f"priority: expected a list or tuple of ints, one per prompt ({count}), got {echo(priority)}")
+    values = list(priority)
+    if len(values) != count:
+        raise ValueError(
+            f"priority: expected one int per prompt ({count}), got {len(values)} value{'s' * (len(values) != 1)}"
+        )
+    ints = []
+    for i, value in enumerate(values):
+        try:
+            if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+                raise TypeError
+            ints.append(operator.index(value))
+        except TypeError:
+            raise ValueError(f"priority[{i}]: expected an int, got {echo(value)}") from None
+    return ints
+
+
 class RequestBuilder:
     """Turns ``generate``'s arguments into checked requests for one model, and requests into outputs.
 
@@ -110,22 +136,21 @@ class RequestBuilder:
         self._seeds = random.Random(seed)  # per-request seeds for requests without one
         self._next_request = 0
 
-    def make(self, prompts, sampling_params, priority=None) -> list[Request]:
+    def make(self, prompts, sampling_params, priority=None, scheduling_policy: str = "priority") -> list[Request]:
         """Checked requests, one per prompt (see ``LLM.generate`` for the accepted forms); ``priority``: one
-        int per prompt (the scheduler's order under ``scheduling_policy='priority'``), or None for 0 each.
+        int per prompt (the scheduler's order under ``scheduling_policy='priority'``), or None for 0 each;
+        under ``'fcfs'`` only 0s (vLLM's rule: any other value would be ignored).
 
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is consumed (request ids, seeds) on error.
         """
         items = prompt_list(prompts)
-        if priority is None:
-            priority = [0] * len(items)
-        if not (
-            isinstance(priority, (list, tuple))
-            and len(priority) == len(items)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in priority)
-        ):
-            raise ValueError(f"priority: expected one int per prompt ({len(items)}), got {echo(priority)}")
+        priority = [0] * len(items) if priority is None else _priorities(priority, len(items))
+        if scheduling_policy == "fcfs" and any(priority):
+            raise ValueError(
+                f"priority: {echo(priority)} is not 0 everywhere, but scheduling_policy is 'fcfs', which ignores it; "
+                "build the LLM with scheduling_policy='priority'"
+            )
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):

@@ -2,10 +2,11 @@
 
 Each step has a token budget (``max_num_batched_tokens``). It goes first to the running requests that
 decode (one token each, always: the engine refuses a budget below ``max_num_seqs``), then to the running
-requests whose prompts are still being prefilled, then to waiting requests, first come first served, while
-a KV-cache row is free (``max_num_seqs`` rows, one per running request). A prompt longer than what is
-left is cut into chunks (``enable_chunked_prefill``, vLLM's default) that continue in later steps; without
-chunking a prompt is admitted only when all of it fits, and a waiting request never jumps the queue. This
+requests whose prompts are still being prefilled, in admission order, then to waiting requests in the
+policy's order (below: arrival order by default) while a KV-cache row is free (``max_num_seqs`` rows, one per
+running request). A prompt longer than what is left is cut into chunks (``enable_chunked_prefill``, vLLM's
+default) that continue in later steps; without chunking a prompt is admitted only when all of it fits, and
+a waiting request never jumps the queue. This
 is vLLM's scheduler in its simplest form (vLLM's ``Scheduler.schedule`` also preempts and pages the KV
 cache; here every row holds ``max_model_len`` tokens, so an admitted request always fits and none is ever
 preempted).
@@ -144,7 +145,7 @@ class Scheduler:
         for r in prefilling:
             take = self._fits(r, left)
             if take == 0:
-                break  # first come, first served: a later prompt never goes first
+                break  # in admission order: a later prompt never goes first
             self._chunk(step, r, take)
             left -= take
         while not self.static and self.waiting and self.free_rows:
