@@ -51,6 +51,7 @@ MODULES: dict[str, Module] = {
         # what every command line shares: the one-line parser, the flag types, the output-path checks
         sources=("reference/benchmark/cli.py",),
         tests=(
+            "conformance/test_cli_types.py",
             "conformance/test_output_paths.py",
             "conformance/test_bench_cli.py",
             "conformance/test_bench_startup.py",
