@@ -2,6 +2,9 @@
 a path that names a folder where a file is wanted, or a folder under a file, is a one-line usage error naming the
 flag, and a refused run leaves nothing behind on disk (the folders are made when the file is written)."""
 
+import errno
+import os
+
 import pytest
 
 from reference import bench_latency, bench_startup, bench_throughput, tune_gemm
@@ -40,7 +43,7 @@ def test_an_output_json_that_names_a_folder_by_its_spelling_is_refused(cli, path
 def test_an_output_name_longer_than_the_system_allows_is_one_line(cli, tmp_path, capsys):
     """``Path.is_dir()`` raised "File name too long" from inside the check: a traceback."""
     line = _refusal(cli, ["--output-json", str(tmp_path / ("x" * 300))], capsys)
-    assert "--output-json: cannot use '" in line and "(File name too long)" in line
+    assert f"--output-json: cannot use '{tmp_path}/xxx" in line and line.endswith("(File name too long) (see --help)")
 
 
 @pytest.mark.parametrize("cli", CLIS)
@@ -77,6 +80,8 @@ def test_a_run_refused_after_the_path_checks_makes_no_folder(tmp_path, capsys):
 def test_an_unwritable_place_for_a_missing_folder_names_the_folder_and_where_it_would_be_made(cli, flag, capsys):
     line = _refusal(cli, [flag, "/proc/no-such/dir"], capsys)
     assert f"{flag}: cannot write in '/proc/no-such/dir': cannot make a folder in '/proc' (" in line
+    reason = line.rsplit("'/proc' (", 1)[1].removesuffix(") (see --help)")
+    assert reason in {os.strerror(e) for e in (errno.ENOENT, errno.EACCES, errno.EROFS, errno.EPERM)}, reason
 
 
 @pytest.mark.parametrize(
@@ -87,11 +92,17 @@ def test_a_folder_name_longer_than_the_system_allows_is_one_line(cli, flag, tmp_
     assert f"{flag}: cannot use '" in line and "(File name too long)" in line
 
 
-def test_a_folder_behind_a_broken_symbolic_link_says_so(tmp_path, capsys):
+def test_a_folder_behind_a_broken_symbolic_link_says_so_and_one_behind_a_link_to_a_file_is_under_a_file(
+    tmp_path, capsys
+):
     """It was called "a file"."""
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     line = _refusal("bench_latency", ["--output-json", str(tmp_path / "dangling" / "o.json")], capsys)
     assert f"'{tmp_path / 'dangling'}' is a broken symbolic link, not a folder" in line
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "to-notes").symlink_to(tmp_path / "notes.txt")
+    line = _refusal("bench_latency", ["--output-json", str(tmp_path / "to-notes" / "o.json")], capsys)
+    assert f"'{tmp_path / 'to-notes'}' is a file, not a folder" in line
 
 
 @pytest.mark.parametrize("cli", CLIS)
