@@ -163,9 +163,8 @@ def output_file(text: str) -> Path:
     in '/', '.' or '..', is an error: ``Path`` drops a trailing '/' or '/.' and would write a file of the
     folder's name."""
     _path_text(text, "a file path")
-    last = text.rstrip("/").rsplit("/", 1)[-1]
-    if text.endswith("/") or last in (".", ".."):
-        ending = "/" if text.endswith("/") else last
+    ending = os.path.basename(text) or "/"  # basename is '' after a trailing '/'
+    if ending in ("/", ".", ".."):
         raise argparse.ArgumentTypeError(f"{echo(text)} names a folder (it ends with {ending!r}); give a file path")
     return Path(text).expanduser()
 
