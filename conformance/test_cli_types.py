@@ -41,6 +41,7 @@ def test_a_usage_error_is_one_line_that_points_at_help(capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "prog: error: unrecognized arguments: --compilation x (see --help)\n"
     assert cli.OneLineParser(prog="p", allow_abbrev=True).allow_abbrev  # a caller may still ask for them
+    assert cli.OneLineParser("positional-prog").prog == "positional-prog"  # argparse's own arguments pass through
 
 
 @pytest.mark.parametrize("minimum", [0, 1, 3])
