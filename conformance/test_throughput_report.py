@@ -162,13 +162,19 @@ def test_a_damaged_throughput_file_is_one_line_naming_it_and_what_is_wrong(tmp_p
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def _a_later_run(tmp_path, name: str, **engine) -> Path:
+    """BUDGET_512's run with the ``engine`` fields changed, dated after it: a run of another workload."""
+    doc = json.loads(BUDGET_512.read_text())
+    doc["engine"].update(engine)
+    doc["env"]["date"] = "2999-01-01T00:00:00+00:00"
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def test_runs_with_and_without_chunked_prefill_are_two_workloads(tmp_path):
     """Same requests and limits, chunked prefill off in one run: two tables, neither run dropped."""
-    doc = json.loads(BUDGET_512.read_text())
-    doc["engine"]["enable_chunked_prefill"] = False
-    doc["env"]["date"] = "2999-01-01T00:00:00+00:00"
-    unchunked = tmp_path / "unchunked.json"
-    unchunked.write_text(json.dumps(doc))
+    unchunked = _a_later_run(tmp_path, "unchunked", enable_chunked_prefill=False)
     text = _report(tmp_path, BUDGET_512, unchunked)
     heads = _lines(text, "512 requests")
     assert [", no chunked prefill," in line for line in heads] == [False, True]
@@ -179,12 +185,7 @@ def test_runs_with_and_without_chunked_prefill_are_two_workloads(tmp_path):
 def test_runs_under_the_two_scheduling_policies_are_two_workloads_and_a_file_without_one_is_fcfs(tmp_path):
     """The priority policy's run (longest output first) and fcfs's over the same requests: two tables. Files
     written before the flag existed hold no policy: they ran fcfs."""
-    doc = json.loads(BUDGET_512.read_text())
-    doc["engine"]["scheduling_policy"] = "priority"
-    doc["env"]["date"] = "2999-01-01T00:00:00+00:00"
-    by_priority = tmp_path / "priority.json"
-    by_priority.write_text(json.dumps(doc))
-    text = _report(tmp_path, BUDGET_512, by_priority)
+    text = _report(tmp_path, BUDGET_512, _a_later_run(tmp_path, "priority", scheduling_policy="priority"))
     heads = _lines(text, "512 requests")
     assert [", scheduling_policy priority (longest output first)," in line for line in heads] == [False, True]
     assert [", scheduling_policy fcfs," in line for line in heads] == [True, False]
