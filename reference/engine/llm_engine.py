@@ -43,7 +43,7 @@ class LLMEngine:
         *,
         enable_chunked_prefill: bool,
         scheduling: str,
-        scheduling_policy: str = "fcfs",
+        scheduling_policy: str,
     ):
         self.runner, self.requests = runner, requests
         self.scheduler = Scheduler(
@@ -67,8 +67,7 @@ class LLMEngine:
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is queued then.
         """
-        policy = "priority" if self.scheduler.by_priority else "fcfs"
-        requests = self.requests.make(prompts, sampling_params, priority, policy)
+        requests = self.requests.make(prompts, sampling_params, priority, self.scheduler.scheduling_policy)
         for request in requests:
             self.scheduler.add(request)
         return [r.request_id for r in requests]

@@ -106,6 +106,7 @@ class Scheduler:
             )
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.chunked, self.static = enable_chunked_prefill, scheduling == "static"
+        self.scheduling_policy = scheduling_policy
         self.by_priority = scheduling_policy == "priority"
         self.waiting: list[Request] = []  # the queue, first to be admitted first
         self.running: list[Request] = []  # admission order
