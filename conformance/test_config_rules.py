@@ -7,7 +7,9 @@ whole: a word dropped or a wrong value echoed is a failure, not only a missing f
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from reference.config import MODES, CompilationConfig, ConfigError, mode_config, mode_of
 from reference.config.parsing import echo
@@ -166,6 +168,14 @@ def test_echo_cuts_after_200_characters_and_gives_the_digits_of_a_huge_int():
     assert echo("x" * 198) == repr("x" * 198)  # 200 characters with the quotes: kept whole
     assert echo("x" * 199) == repr("x" * 199)[:200] + "... (201 characters)"
     assert echo(10**5000) == "an int of about 5000 digits"
+
+
+def test_echo_is_one_line_for_a_value_whose_repr_spans_several():
+    """A 2-d tensor's or array's repr breaks its rows over lines; a message that quotes it stays one line, and
+    a string's own spaces are kept (its repr never holds a raw line break)."""
+    assert echo(torch.tensor([[1], [2]])) == "tensor([[1], [2]])"
+    assert echo(np.array([[1], [2]])) == "array([[1], [2]])"
+    assert echo("a  b\n  c") == repr("a  b\n  c")
 
 
 # ---------------------------------------------------------------------- the named modes

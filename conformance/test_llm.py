@@ -5,6 +5,7 @@ the whole sequence for every token, on the same weights."""
 import collections
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -204,9 +205,19 @@ def test_priorities_of_0_pass_under_fcfs_and_numpy_ints_are_ints_as_in_vllm():
         ("priority", [0], "priority: expected one int per prompt (2), got 1 value"),
         ("priority", [0, True], "priority[1]: expected an int, got True"),
         ("priority", [0, 1.5], "priority[1]: expected an int, got 1.5"),
-        ("priority", 3, "priority: expected a list or tuple of ints, one per prompt (2), got 3"),
+        ("priority", 3, "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got 3"),
+        ("priority", torch.tensor(5),
+         "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got tensor(5)"),
+        ("priority", np.array(0),
+         "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got array(0)"),
+        ("priority", torch.tensor([[1], [2]]),
+         "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got tensor([[1], [2]])"),
+        ("priority", {2, 0}, "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got {0, 2}"),
+        ("priority", bytearray(b"ab"),
+         "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got bytearray(b'ab')"),
     ],
-    ids=["fcfs", "too-few", "a-bool", "a-float", "not-a-list"],
+    ids=["fcfs", "too-few", "a-bool", "a-float", "not-a-list", "0-d-tensor", "0-d-array", "2-d-tensor", "a-set",
+         "bytes"],
 )  # fmt: skip
 def test_a_bad_priority_is_one_line_and_queues_nothing(policy, priority, message):
     llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy=policy)

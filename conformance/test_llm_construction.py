@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,6 +38,10 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
         ({"enable_chunked_prefill": "yes"}, "enable_chunked_prefill: expected a bool, got 'yes'"),
         ({"scheduling": "fifo"}, "scheduling: expected one of ['continuous', 'static'], got 'fifo'"),
         ({"scheduling_policy": "lifo"}, "scheduling_policy: expected one of ['fcfs', 'priority'], got 'lifo'"),
+        ({"scheduling_policy": np.array("fcfs")},
+         "scheduling_policy: expected one of ['fcfs', 'priority'], got array('fcfs', dtype='<U4')"),
+        ({"scheduling": np.array("static")},
+         "scheduling: expected one of ['continuous', 'static'], got array('static', dtype='<U6')"),
         ({"max_num_seqs": 4, "max_num_batched_tokens": 3},
          "max_num_batched_tokens (3) must be >= max_num_seqs (4): a decode step feeds one token per sequence"),
         ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not divide the model's num_attention_heads (4)"),
@@ -45,7 +50,8 @@ def _llm(model: str = TINY, **kwargs) -> LLM:
          "tokens than the KV cache; lower it or raise the others"),
     ],
     ids=["model-not-a-string", "model-empty", "tokenizer-and-skip", "no-tokens", "chunked-prefill-not-a-bool",
-         "unknown-scheduling", "unknown-scheduling-policy", "fewer-tokens-than-seqs", "tp-size",
+         "unknown-scheduling", "unknown-scheduling-policy", "policy-an-array", "scheduling-an-array",
+         "fewer-tokens-than-seqs", "tp-size",
          "more-tokens-than-the-cache"],
 )  # fmt: skip
 def test_a_bad_argument_is_one_line_naming_it(args, message, monkeypatch):

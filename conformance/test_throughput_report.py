@@ -138,6 +138,7 @@ def _spoiled(tmp_path, spoil) -> Path:
         (lambda d: d["rows"][0].update(mode=None), "mode None is not a string"),
         (lambda d: d["rows"][0].update(scheduling={"a": 1}), "scheduling {'a': 1} is not a string"),
         (lambda d: d["engine"].update(scheduling_policy="bogus"), "scheduling_policy 'bogus' is not one of"),
+        (lambda d: d["engine"].update(scheduling_policy=["fcfs"]), "scheduling_policy ['fcfs'] is not one of"),
         (lambda d: d.update(model=None), "model None is not a string"),
         (lambda d: d["env"].update(gpu=3), "gpu 3 is not a string or null"),
         (lambda d: d["env"].update(torch=None), "torch None is not a string"),

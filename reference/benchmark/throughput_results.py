@@ -123,7 +123,7 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
         w, e, env = (f.table(name, doc[name]) for name in ("workload", "engine", "env"))
         chunked = "chunked prefill" if e["enable_chunked_prefill"] else "no chunked prefill"
         policy = e.get("scheduling_policy", "fcfs")  # files from before the flag: fcfs, the only policy then
-        if policy not in POLICY_WORDS:
+        if not isinstance(policy, str) or policy not in POLICY_WORDS:  # a list is not hashable
             raise ResultsError(f"{path}: scheduling_policy {policy!r} is not one of {list(POLICY_WORDS)}")
         policy = POLICY_WORDS[policy]
         workload = (

@@ -18,10 +18,12 @@ class ConfigError(ValueError):
 
 
 def echo(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters (a pasted 100 KB string or a long
-    token list would otherwise bury the message), with the full length noted when cut."""
+    """``repr(value)`` for an error message, on one line (a 2-d tensor's repr breaks its rows; a string's
+    repr never holds a raw line break, so a string's own spaces are kept) and cut to ``limit`` characters (a
+    pasted 100 KB string or a long token list would otherwise bury the message), with the full length noted
+    when cut."""
     try:
-        text = repr(value)
+        text = re.sub(r"\s*\n\s*", " ", repr(value))
     except ValueError:  # an int past Python's digit limit for conversion (sys.get_int_max_str_digits)
         if isinstance(value, int):
             return f"an int of about {value.bit_length() * 0.30103:.0f} digits"

@@ -120,9 +120,9 @@ class LLM:
         for name, flag in {**flags, "enable_chunked_prefill": enable_chunked_prefill}.items():
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}: expected a bool, got {echo(flag)}")
-        if scheduling not in SCHEDULING:
+        if not isinstance(scheduling, str) or scheduling not in SCHEDULING:  # a numpy str would compare elementwise
             raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {echo(scheduling)}")
-        if scheduling_policy not in SCHEDULING_POLICIES:
+        if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {echo(scheduling_policy)}"
             )

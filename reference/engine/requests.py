@@ -81,15 +81,28 @@ class Request:
         return self._banned_index
 
 
+def _is_ordered_and_flat(priority) -> bool:
+    """A list, tuple, range or 1-d numpy array or torch tensor: values in an order to match the prompts'.
+    Sets and mappings have no order of their own; text and bytes are not numbers; a 0-d or 2-d array is not
+    one value per prompt."""
+    if isinstance(priority, (str, bytes, bytearray, memoryview)):
+        return False
+    if hasattr(priority, "ndim"):  # numpy arrays and torch tensors
+        return priority.ndim == 1
+    return isinstance(priority, Sequence)
+
+
 def _priorities(priority, count: int) -> list[int]:
-    """``generate``'s ``priority`` as a list of ``count`` Python ints: any sized iterable of integral numbers
-    (numpy and torch integers too, as ``operator.index`` takes them), not bools.
+    """``generate``'s ``priority`` as a list of ``count`` Python ints: a list, tuple or 1-d array of integral
+    numbers (numpy and torch integers too, as ``operator.index`` takes them), not bools.
 
     Raises:
-        ValueError: not a sized iterable, ``count`` values or integral ones; naming the entry that is not.
+        ValueError: not such a sequence, not ``count`` values or not integral ones; naming the entry that is not.
     """
-    if isinstance(priority, (str, bytes, Mapping)) or not hasattr(priority, "__len__"):
-        raise ValueError(f"priority: expected a list or tuple of ints, one per prompt ({count}), got {echo(priority)}")
+    if not _is_ordered_and_flat(priority):
+        raise ValueError(
+            f"priority: expected a list, tuple or 1-d array of ints, one per prompt ({count}), got {echo(priority)}"
+        )
     values = list(priority)
     if len(values) != count:
         raise ValueError(

@@ -93,9 +93,9 @@ class Scheduler:
         scheduling: str = "continuous",
         scheduling_policy: str = "fcfs",
     ):
-        if scheduling not in SCHEDULING:
+        if not isinstance(scheduling, str) or scheduling not in SCHEDULING:
             raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {scheduling!r}")
-        if scheduling_policy not in SCHEDULING_POLICIES:
+        if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {scheduling_policy!r}"
             )
