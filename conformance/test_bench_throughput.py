@@ -4,6 +4,7 @@ errors for bad flags, given before any model is built."""
 
 import heapq
 import json
+import weakref
 
 import pytest
 
@@ -102,6 +103,28 @@ def test_the_priority_policy_runs_the_longest_outputs_first_so_the_steps_are_tho
     assert bench_throughput.header(doc).splitlines()[0].endswith(", scheduling_policy priority (longest output first)")
     doc["engine"]["scheduling_policy"] = "fcfs"
     assert bench_throughput.header(doc).splitlines()[0].endswith(", scheduling_policy fcfs")
+
+
+@pytest.mark.eager
+@pytest.mark.no_inductor
+def test_no_earlier_rows_kv_cache_is_alive_when_a_later_row_is_built(tmp_path):
+    """The first row's LLM lends its weights to every later row, and nothing else: on issue 23's workload each
+    row's KV cache is 48 GiB beside 16 GB of weights, and two caches do not fit an 80 GB GPU. So when a row's
+    LLM is built, no cache of an earlier row may still be referenced (weak references tell)."""
+    caches, alive_at_build = [], []
+    build = throughput._build_llm
+
+    def spy(*args, **kwargs):
+        alive_at_build.append(sum(ref() is not None for ref in caches))
+        llm = build(*args, **kwargs)
+        caches.extend(weakref.ref(layer.kv_cache) for layer in llm.runner.attention_layers.values())
+        return llm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(throughput, "_build_llm", spy)
+        rows = _run(tmp_path, "--modes", "eager,no_inductor")["rows"]
+    assert len(rows) == len(alive_at_build) == 4
+    assert alive_at_build == [0, 0, 0, 0]
 
 
 @pytest.mark.eager

@@ -44,7 +44,7 @@ from reference.benchmark.floor import Bandwidth, floor_bandwidth
 from reference.benchmark.latency import NO_GRAPHS_WARNING
 from reference.benchmark.machine import benchmark_threads, machine_info, source_commit
 from reference.benchmark.timing import release, sync
-from reference.engine.kv_cache import kv_bytes_per_token, kv_bytes_per_token_by_window
+from reference.engine.kv_cache import free_kv_caches, kv_bytes_per_token, kv_bytes_per_token_by_window
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
 from reference.models import registry
@@ -140,9 +140,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
                 f"output tokens/s ({row['elapsed_s']:.3f} s, {row['num_steps']} steps)",
                 file=sys.stderr,
             )
-            if llm is not owner:
-                del llm
-                release(device)
+            if llm is owner:  # it lends its weights to the rows after it, not its KV cache
+                free_kv_caches(list(llm.runner.attention_layers.values()))
+            del llm
+            release(device)  # before the next row allocates its own cache
     except KeyboardInterrupt:  # keep what finished, say where it stopped
         run_name = "/".join(name for name in (mode, graphs, scheduling) if name)
         where = f"interrupted during {run_name}: {len(rows)} of {len(runs)} rows finished"

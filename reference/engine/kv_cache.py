@@ -88,3 +88,10 @@ def allocate_kv_caches(
     for layer in layers:
         shape = (2, max_num_seqs, max_model_len, layer.num_kv_heads, layer.head_size)
         layer.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+
+def free_kv_caches(layers: list[Attention]) -> None:
+    """Let go of every layer's ``kv_cache`` (None again, as before :func:`allocate_kv_caches`), so that its
+    memory is freed once nothing else holds it; the runner of these layers cannot step after this."""
+    for layer in layers:
+        layer.kv_cache = None
