@@ -6,6 +6,7 @@ this rank's weights unless they already exist. No model runs; CPU."""
 from __future__ import annotations
 
 import os
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -161,14 +162,18 @@ def test_no_device_means_cuda_exactly_where_torch_sees_one(monkeypatch, cuda):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kv_cache_size_checked_is_the_size_allocated(dtype):
+def test_the_kv_cache_size_checked_is_the_size_allocated_and_freed_whole(dtype):
     """Checked against the device before allocation, so a wrong count refuses a cache that fits or lets one
-    that cannot through (gemma-3-tiny: layers of different head counts and sizes)."""
+    that cannot through (gemma-3-tiny: layers of different head counts and sizes); freed, no layer keeps one."""
     model = registry.build_model("gemma-3-tiny", CustomOpSelection(CompilationConfig()), dtype=dtype, device=CPU)
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     kv_cache.allocate_kv_caches(layers, 3, 20, dtype, CPU)
     allocated = sum(layer.kv_cache.numel() * layer.kv_cache.element_size() for layer in layers)
     assert kv_cache.kv_cache_bytes(layers, 3, 20, dtype) == allocated
+    caches = [weakref.ref(layer.kv_cache) for layer in layers]
+    kv_cache.free_kv_caches(layers)
+    assert [layer.kv_cache for layer in layers] == [None] * len(layers)
+    assert [ref() for ref in caches] == [None] * len(layers)  # nothing else held them: the memory is free
 
 
 def test_a_cpu_request_may_fill_physical_memory_exactly():
