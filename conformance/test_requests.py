@@ -95,7 +95,7 @@ def test_a_list_of_sampling_params_of_the_wrong_length_is_one_line_naming_both_c
 
 def test_a_prompt_and_max_tokens_may_fill_max_model_len_exactly_and_not_one_token_more():
     assert len(builder().make([[1, 2, 3]], SamplingParams(max_tokens=MAX_MODEL_LEN - 3))) == 1
-    with pytest.raises(ValueError, match=rf"^prompts\[0\]: prompt \(3 tokens\) \+ max_tokens \(30\) = 33 exceeds"):
+    with pytest.raises(ValueError, match=r"^prompts\[0\]: prompt \(3 tokens\) \+ max_tokens \(30\) = 33 exceeds"):
         builder().make([[1, 2, 3]], SamplingParams(max_tokens=MAX_MODEL_LEN - 2))
 
 
