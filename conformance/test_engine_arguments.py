@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from reference import parallel
-from reference.config import CompilationConfig
+from reference.config import CompilationConfig, ConfigError
 from reference.engine import arguments, kv_cache, memory_check
 from reference.engine.arguments import SEED_LIMIT, eos_token_ids, load_tokenizer
 from reference.engine.requests import RequestBuilder
@@ -174,6 +174,79 @@ def test_the_kv_cache_size_checked_is_the_size_allocated_and_freed_whole(dtype):
     kv_cache.free_kv_caches(layers)
     assert [layer.kv_cache for layer in layers] == [None] * len(layers)
     assert [ref() for ref in caches] == [None] * len(layers)  # nothing else held them: the memory is free
+
+
+GIB = 2**30
+_SIZES = "max_num_seqs x max_model_len (1 x 1)"
+
+
+@pytest.mark.parametrize(
+    "weights, cache, message",
+    [
+        (8 * GIB, 1, f"the weights (8.0 GiB in bfloat16) and the KV cache and input buffers of {_SIZES} (0.0 GiB) "
+         "need more than the 8.0 GiB of physical memory; lower max_num_seqs or max_model_len, or choose a smaller "
+         "model or dtype"),
+        (1, 8 * GIB, f"the weights (0.0 GiB in bfloat16) and the KV cache and input buffers of {_SIZES} (8.0 GiB) "
+         "need more than the 8.0 GiB of physical memory; lower max_num_seqs or max_model_len, or choose a smaller "
+         "model or dtype"),
+        (8 * GIB + 1, 8 * GIB, "the weights (8.0 GiB in bfloat16) need more than the 8.0 GiB of physical memory; "
+         "choose a smaller model or dtype, or more tensor-parallel ranks"),
+    ],
+    ids=["weights-fill-memory", "cache-fills-memory", "weights-beyond-cache-fills"],
+)  # fmt: skip
+def test_a_part_that_fills_memory_exactly_fits_alone_and_the_refusal_blames_the_two_together(
+    monkeypatch, weights, cache, message
+):
+    """8 GiB of memory: weights or a cache of exactly 8 GiB fit alone, so beside anything more the refusal
+    blames the sum; weights beyond 8 GiB are blamed alone, and a cache of exactly 8 GiB is not named beside them."""
+    monkeypatch.setattr(kv_cache.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 2**21}[name])
+    with pytest.raises(ConfigError) as err:
+        kv_cache.check_fits(cache, CPU, 1, 1, weight_bytes=weights, dtype=torch.bfloat16)
+    assert str(err.value) == message
+
+
+def test_without_sysconf_the_physical_memory_is_unknown_and_nothing_is_refused(monkeypatch):
+    """Where ``os`` has no ``sysconf`` (Windows), a CPU request is not bounded rather than failing."""
+    monkeypatch.delattr(kv_cache.os, "sysconf")
+    kv_cache.check_fits(2**62, CPU, 1, 1)
+
+
+def test_the_kv_bytes_of_a_token_split_by_sliding_window():
+    """gemma-3-tiny: a global layer between two local ones of window 4, each layer 2 kv heads of 16 in bf16,
+    2 (keys and values) x 2 x 16 x 2 bytes = 128 a token."""
+    model = registry.build_model("gemma-3-tiny", CustomOpSelection(CompilationConfig()), dtype=torch.float32,
+                                 device=torch.device("meta"))  # fmt: skip
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    assert [layer.sliding_window for layer in layers] == [4, None, 4]
+    assert kv_cache.kv_bytes_per_token_by_window(layers, torch.bfloat16) == {4: 256, None: 128}
+    assert kv_cache.kv_bytes_per_token(layers, torch.bfloat16) == 384
+
+
+def test_the_kv_cache_is_allocated_on_the_device_asked():
+    """On the meta device here: a cache made on the default device instead would be a CPU tensor."""
+    meta = torch.device("meta")
+    model = registry.build_model("llama-tiny", CustomOpSelection(CompilationConfig()), dtype=torch.float32, device=meta)
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    kv_cache.allocate_kv_caches(layers, 2, 4, torch.float32, meta)
+    assert {layer.kv_cache.device for layer in layers} == {meta}
+
+
+@pytest.mark.parametrize(
+    "mode, max_num_tokens, never",
+    [("piecewise", 16, [2, 5, 6]), ("piecewise", 32, [2, 5, 6, 12, 16]), ("piecewise", 64, [2, 5, 6, 12, 16]),
+     ("full", 16, [2, 5, 6]),
+     ("none", 16, []), ("full_decode_only", 16, [])],
+)  # fmt: skip
+def test_the_compile_sizes_no_step_runs_at_are_those_below_a_capture_size_it_pads_to(mode, max_num_tokens, never):
+    """Capture sizes 4, 8 and 32 under piecewise graphs or full graphs of every step: a step is padded to the
+    next capture size within max_num_tokens, so 2, 5 and 6 never run, nor 12 and 16 once 32 is within reach
+    (at 32 exactly too);
+    8 is a capture size, 40 lies beyond every capture size (unpadded). Without padding (no graphs, or full
+    graphs of decodes only with no piecewise ones) every size runs."""
+    config = CompilationConfig(
+        level=3, cudagraph_mode=mode, cudagraph_capture_sizes=[4, 8, 32], compile_sizes=[2, 5, 6, 8, 12, 16, 40]
+    )
+    assert arguments.compile_sizes_never_run(config, max_num_tokens) == never
 
 
 def test_a_cpu_request_may_fill_physical_memory_exactly():

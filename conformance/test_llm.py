@@ -184,16 +184,15 @@ def test_under_the_priority_policy_the_lowest_value_runs_first_and_outputs_keep_
 
 
 @pytest.mark.eager
-def test_priorities_of_0_pass_under_fcfs_and_numpy_ints_are_ints_as_in_vllm():
+def test_priorities_of_0_pass_under_fcfs_and_numpy_and_torch_ints_are_ints_as_in_vllm():
     """vLLM refuses only a priority other than 0 under fcfs, and takes any integral number."""
-    import numpy as np
-
     fcfs = make_llm("llama-tiny", "eager", max_num_seqs=1)
     prompts = ragged_prompts(2, fcfs.vocab_size)
     assert len(fcfs.generate(prompts, greedy(1), priority=[0, 0])) == 2
     llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy="priority", share_weights_with=fcfs)
-    outputs = llm.generate(prompts, greedy(1), priority=np.array([1, 0]))
-    assert [o.prompt_token_ids for o in outputs] == prompts
+    for priority in (np.array([1, 0]), torch.tensor([1, 0])):
+        outputs = llm.generate(prompts, greedy(1), priority=priority)
+        assert [o.prompt_token_ids for o in outputs] == prompts
 
 
 @pytest.mark.eager
@@ -203,8 +202,10 @@ def test_priorities_of_0_pass_under_fcfs_and_numpy_ints_are_ints_as_in_vllm():
         ("fcfs", [0, 1], "priority: [0, 1] is not 0 everywhere, but scheduling_policy is 'fcfs', which ignores it; "
          "build the LLM with scheduling_policy='priority'"),
         ("priority", [0], "priority: expected one int per prompt (2), got 1 value"),
+        ("priority", [0, 1, 2], "priority: expected one int per prompt (2), got 3 values"),
         ("priority", [0, True], "priority[1]: expected an int, got True"),
         ("priority", [0, 1.5], "priority[1]: expected an int, got 1.5"),
+        ("priority", torch.tensor([False, True]), "priority[0]: expected an int, got tensor(False)"),
         ("priority", 3, "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got 3"),
         ("priority", torch.tensor(5),
          "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got tensor(5)"),
@@ -216,8 +217,8 @@ def test_priorities_of_0_pass_under_fcfs_and_numpy_ints_are_ints_as_in_vllm():
         ("priority", bytearray(b"ab"),
          "priority: expected a list, tuple or 1-d array of ints, one per prompt (2), got bytearray(b'ab')"),
     ],
-    ids=["fcfs", "too-few", "a-bool", "a-float", "not-a-list", "0-d-tensor", "0-d-array", "2-d-tensor", "a-set",
-         "bytes"],
+    ids=["fcfs", "too-few", "too-many", "a-bool", "a-float", "a-bool-tensor", "not-a-list", "0-d-tensor", "0-d-array",
+         "2-d-tensor", "a-set", "bytes"],
 )  # fmt: skip
 def test_a_bad_priority_is_one_line_and_queues_nothing(policy, priority, message):
     llm = make_llm("llama-tiny", "eager", max_num_seqs=1, scheduling_policy=policy)

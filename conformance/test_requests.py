@@ -27,8 +27,9 @@ class Tokenizer:
         return f"{ids} skip={skip_special_tokens}"
 
 
-def builder(tokenizer=None) -> RequestBuilder:
-    return RequestBuilder("toy", VOCAB, MAX_MODEL_LEN, tokenizer, EOS, seed=0, device=torch.device("cpu"))
+def builder(tokenizer=None, max_prompt_len=None) -> RequestBuilder:
+    cpu = torch.device("cpu")
+    return RequestBuilder("toy", VOCAB, MAX_MODEL_LEN, tokenizer, EOS, seed=0, device=cpu, max_prompt_len=max_prompt_len)
 
 
 # ---------------------------------------------------------------------- prompt forms
@@ -110,6 +111,25 @@ def test_request_ids_count_from_zero_in_submission_order_across_calls():
     requests = builder()
     first = [r.request_id for r in requests.make([[1], [2]], None)]
     assert first + [r.request_id for r in requests.make([[3]], None)] == ["0", "1", "2"]
+
+
+def test_without_chunked_prefill_a_prompt_longer_than_the_step_budget_is_refused_naming_both_ways_out():
+    requests = builder(max_prompt_len=2)
+    assert len(requests.make([[1, 2]], None)) == 1
+    with pytest.raises(ValueError) as err:
+        requests.make([[1, 2, 3]], None)
+    assert str(err.value) == (
+        "prompts[0]: prompt (3 tokens) exceeds max_num_batched_tokens (2) with enable_chunked_prefill=False, so it "
+        "could never run; enable chunked prefill or raise max_num_batched_tokens"
+    )
+
+
+def test_the_builders_default_policy_is_fcfs_which_takes_only_priorities_of_0():
+    """As the engine's default (vLLM's): a priority other than 0 needs scheduling_policy='priority'."""
+    assert [r.priority for r in builder().make([[1], [2]], None, [0, 0])] == [0, 0]
+    with pytest.raises(ValueError, match=r"^priority: \[0, 1\] is not 0 everywhere, but scheduling_policy is 'fcfs'"):
+        builder().make([[1], [2]], None, [0, 1])
+    assert [r.priority for r in builder().make([[1], [2]], None, [0, 1], "priority")] == [0, 1]
 
 
 def test_greedy_requests_get_no_generator_and_sampled_ones_one_on_the_builders_device():

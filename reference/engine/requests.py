@@ -149,10 +149,10 @@ class RequestBuilder:
         self._seeds = random.Random(seed)  # per-request seeds for requests without one
         self._next_request = 0
 
-    def make(self, prompts, sampling_params, priority=None, scheduling_policy: str = "priority") -> list[Request]:
+    def make(self, prompts, sampling_params, priority=None, scheduling_policy: str = "fcfs") -> list[Request]:
         """Checked requests, one per prompt (see ``LLM.generate`` for the accepted forms); ``priority``: one
         int per prompt (the scheduler's order under ``scheduling_policy='priority'``), or None for 0 each;
-        under ``'fcfs'`` only 0s (vLLM's rule: any other value would be ignored).
+        under ``'fcfs'``, the engine's default as vLLM's, only 0s (vLLM's rule: any other value would be ignored).
 
         Raises:
             ValueError: as ``LLM.generate`` documents; nothing is consumed (request ids, seeds) on error.
