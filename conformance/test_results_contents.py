@@ -74,6 +74,21 @@ def test_every_cell_of_a_latency_table_shows_its_field_rounded_as_its_header_say
     assert breakable["capture s"] != "-"  # a mode with level 0 in its config that still captures graphs
 
 
+def test_a_compile_the_compile_cache_served_reads_cached_and_eager_never_does():
+    """A start the project's compile cache served compiles nothing; eager compiles nothing in any case, so its
+    '-' takes no mark even where the field is set."""
+    doc = _doc()
+    engine = [r for r in doc["results"] if r["kind"] == "engine"]
+    for r in engine:
+        r["startup"]["compile_cache_hits"] = 1
+    rows = {row["mode"]: row for row in _cells(markdown_table(doc))}
+    for r in engine:
+        compiled = r["compilation_config"]["level"] > 0
+        expected = f"{r['startup']['compile_s']:.2f} (cached)" if compiled else "-"
+        assert rows[r["mode"]]["compile s"] == expected
+    assert any(r["compilation_config"]["level"] == 0 for r in engine)
+
+
 def test_a_field_that_was_not_measured_shows_as_a_dash():
     doc = _doc()
     doc["results"][1]["floor_s"] = doc["results"][1]["x_floor"] = None  # a CPU run has no floor

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # 'full_and_piecewise', written before the rows recorded the graph kind asked for)
 BUDGET_8192 = ROOT / "perf/results/throughput-llama-3.1-8b-h200-20261204-d6d2ea4.json"
 BUDGET_512 = ROOT / "perf/results/throughput-llama-3.1-8b-h200-20261204-full.json"
+# the priority policy on an H100, both schedulings (perf/NOTES v29)
+PRIORITY_H100 = ROOT / "perf/results/throughput-llama-3.1-8b-h100-20261205-priority.json"
 STARTUP = ROOT / "perf/results/startup-llama-3.1-8b-h200-20261203.json"
 LATENCY = ROOT / "perf/results/llama-3.1-8b-20261130-045438.json"
 
@@ -64,6 +66,27 @@ def test_rows_that_asked_for_no_graph_kind_are_kept_apart_by_the_kind_that_ran()
     assert [(r.requested_cudagraph_mode, r.cudagraph_mode) for r in rows] == [
         (None, "full_and_piecewise"), (None, "full"),
     ]  # fmt: skip
+
+
+def test_the_start_up_and_throughput_sections_open_with_their_heading_and_what_the_numbers_are(tmp_path):
+    """A reader of the report sees each section's heading, then one paragraph that says what its numbers are."""
+    lines = _report(tmp_path, STARTUP, PRIORITY_H100).splitlines()
+    starts, throughput = lines.index("## Cold and warm start"), lines.index("## Throughput")
+    assert lines[starts + 1 : starts + 4] == [
+        "",
+        "`python -m reference.bench_startup`: ready = compile + capture (weights excluded), each start a fresh "
+        "process; cold with every compiler cache empty, warm with what the cold start left.",
+        "",
+    ]
+    assert lines[throughput + 1 : throughput + 4] == [
+        "",
+        "`python -m reference.bench_throughput`: one `generate` of the workload's requests per row; continuous "
+        "batching against static batches ('vs static': static's time / the row's, same mode and graph kind asked); "
+        "each kind of step's mean time; the decode steps' multiple of their floor (the weights and the KV cache they "
+        "read and write / bandwidth). `-`: none to give (a static row, no static row to compare with, no step of "
+        "that kind, no floor on a CPU) or not measured (a file older than the field).",
+        "",
+    ]
 
 
 def test_the_report_gives_each_workload_its_table_beside_the_other_sections(tmp_path):
@@ -115,6 +138,45 @@ def test_a_cpu_run_of_the_bench_is_read_back_with_what_ran_and_the_newest_run_ke
     assert table.count("| - |") >= 4  # on a CPU no floor; on static rows no speed-up
 
 
+def test_a_throughput_table_reads_as_the_file_says_each_number_rounded_once():
+    """Checked by hand against the file: output 8699.7 and 8087.8 tok/s, speed-up 1.0757, decode steps 15.92 and
+    13.36 ms, mixed 51.82 and 192.41 ms, decode x floor 1.198 and 1.194; the static row has no speed-up."""
+    assert throughput_table(read_throughput_rows(PRIORITY_H100)).splitlines() == [
+        "512 requests, input 32:1024, output 16:512, seed 0; max_num_seqs 256, max_num_batched_tokens 8192, "
+        "max_model_len 1536, chunked prefill, scheduling_policy priority (longest output first), bfloat16:",
+        "",
+        "| model | device | mode | cudagraph_mode | scheduling | output tok/s | vs static | decode step ms | "
+        "mixed step ms | decode x floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| llama-3.1-8b | NVIDIA H100 80GB HBM3 | no_inductor | piecewise | continuous | 8,700 | 1.08x | 15.92 | 51.82 "
+        "| 1.20 |",
+        "| llama-3.1-8b | NVIDIA H100 80GB HBM3 | no_inductor | piecewise | static | 8,088 | - | 13.36 | 192.41 | 1.19 |",
+    ]
+
+
+def test_a_row_whose_graph_kind_was_lowered_a_single_length_and_a_stopped_run_read_as_such(tmp_path):
+    """A row that asked for 'full' and ran 'piecewise' says both; a workload whose every prompt has one length
+    gives that length alone; the rows of a run Ctrl-C stopped are marked, and a line under the table (after a
+    blank one) says why."""
+    doc = json.loads(PRIORITY_H100.read_text())
+    doc["rows"][0]["requested_cudagraph_mode"] = "full"
+    doc["workload"]["input_len"] = [64, 64]
+    doc["interrupted"] = "interrupted during no_inductor/static: 1 of 2 rows finished"
+    doc["rows"] = doc["rows"][:1]
+    path = tmp_path / "stopped.json"
+    path.write_text(json.dumps(doc))
+    lines = throughput_table(read_throughput_rows(path)).splitlines()
+    assert lines[0].startswith("512 requests, input 64, output 16:512, seed 0;")
+    assert lines[4].startswith("| llama-3.1-8b | NVIDIA H100 80GB HBM3 | no_inductor | piecewise (asked: full) | "
+                               "continuous ‡ | 8,700 |")  # fmt: skip
+    assert lines[5:] == ["", f"‡ from `{path}`, a run stopped early: {doc['interrupted']}"]
+
+
+def test_a_number_of_0_is_read_since_the_rule_is_at_least_0(tmp_path):
+    path = _spoiled(tmp_path, lambda d: d["rows"][1].update(speedup_vs_static=0))
+    assert read_throughput_rows(path)[1].speedup_vs_static == 0
+
+
 def _spoiled(tmp_path, spoil) -> Path:
     doc = json.loads(BUDGET_8192.read_text())
     spoil(doc)
@@ -130,7 +192,13 @@ def _spoiled(tmp_path, spoil) -> Path:
         (lambda d: d.pop("engine"), "a throughput file without the field 'engine'"),
         (lambda d: d["rows"][0].update(output_tokens_per_s=float("nan")), "output_tokens_per_s nan is not a finite"),
         (lambda d: d["rows"][0].update(output_tokens_per_s=None), "output_tokens_per_s None is not a finite number"),
-        (lambda d: d["rows"][1].update(speedup_vs_static=-1), "speedup_vs_static -1 is not a finite number >= 0"),
+        (lambda d: d["rows"][1].update(speedup_vs_static=-1),
+         "speedup_vs_static -1 is not a finite number >= 0 or null"),
+        (lambda d: d.update(engine=None), "engine None is not an object"),
+        (lambda d: d["rows"][0]["step_ms"].update(mixed=3), "step_ms mixed 3 is not an object"),
+        (lambda d: d["rows"][0]["step_ms"]["mixed"].update(mean_ms="x"),
+         "mixed mean_ms 'x' is not a finite number >= 0 or null"),
+        (lambda d: d["rows"][0].update(requested_cudagraph_mode=5), "requested_cudagraph_mode 5 is not a string or null"),
         (lambda d: d["rows"][0]["step_ms"]["decode"].update(mean_ms="9"), "decode mean_ms '9' is not a finite"),
         (lambda d: d["rows"][0].update(decode_floor={"x_floor": True}), "decode_floor x_floor True is not a finite"),
         (lambda d: d["workload"].update(input_len=7), "a throughput file with a workload of the wrong shape"),
