@@ -24,7 +24,7 @@ from reference.engine.memory_check import check_memory_before_build
 from reference.engine.requests import RequestBuilder, RequestOutput
 from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams
-from reference.engine.scheduler import SCHEDULING, SCHEDULING_POLICIES
+from reference.engine.scheduler import check_scheduling
 from reference.models import registry
 from reference.ops import CustomOpSelection
 
@@ -120,12 +120,7 @@ class LLM:
         for name, flag in {**flags, "enable_chunked_prefill": enable_chunked_prefill}.items():
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}: expected a bool, got {echo(flag)}")
-        if not isinstance(scheduling, str) or scheduling not in SCHEDULING:  # a numpy str would compare elementwise
-            raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {echo(scheduling)}")
-        if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {echo(scheduling_policy)}"
-            )
+        check_scheduling(scheduling, scheduling_policy)
         if skip_tokenizer_init and tokenizer is not None:
             raise ValueError("tokenizer and skip_tokenizer_init=True contradict: give one")
         if not isinstance(model, str) or not model:

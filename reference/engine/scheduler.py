@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from reference.config import echo
 from reference.engine.requests import Request
 
 SCHEDULING = ("continuous", "static")
@@ -68,6 +69,17 @@ class ScheduledStep:
         return [sequences[i] for i in self.sampling_rows]
 
 
+def check_scheduling(scheduling, scheduling_policy) -> None:
+    """Raises ValueError, naming the field and its choices, unless ``scheduling`` is one of :data:`SCHEDULING`
+    and ``scheduling_policy`` one of :data:`SCHEDULING_POLICIES`, both ``str`` (a numpy string would compare
+    elementwise). ``LLM`` calls it before any weights load."""
+    if not isinstance(scheduling, str) or scheduling not in SCHEDULING:
+        raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {echo(scheduling)}")
+    if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
+        choices = list(SCHEDULING_POLICIES)
+        raise ValueError(f"scheduling_policy: expected one of {choices}, got {echo(scheduling_policy)}")
+
+
 class Scheduler:
     """Continuous batching over ``max_num_seqs`` KV-cache rows with a token budget per step (module doc).
 
@@ -93,12 +105,7 @@ class Scheduler:
         scheduling: str = "continuous",
         scheduling_policy: str = "fcfs",
     ):
-        if not isinstance(scheduling, str) or scheduling not in SCHEDULING:
-            raise ValueError(f"scheduling: expected one of {list(SCHEDULING)}, got {scheduling!r}")
-        if not isinstance(scheduling_policy, str) or scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"scheduling_policy: expected one of {list(SCHEDULING_POLICIES)}, got {scheduling_policy!r}"
-            )
+        check_scheduling(scheduling, scheduling_policy)
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
