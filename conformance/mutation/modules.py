@@ -86,8 +86,12 @@ MODULES: dict[str, Module] = {
         ),
     ),
     "compilation.cache": Module(
-        sources=("reference/compilation/cache_key.py", "reference/compilation/compile_cache.py"),
-        tests=("conformance/test_compile_cache.py",),
+        sources=(
+            "reference/compilation/cache_key.py",
+            "reference/compilation/compile_cache.py",
+            "reference/compilation/key_prefetch.py",
+        ),
+        tests=("conformance/test_compile_cache.py", "conformance/test_key_prefetch.py"),
     ),
     "config": Module(
         sources=("reference/config/*.py",),

@@ -101,7 +101,7 @@ def _child(spec: dict) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
-    from reference.compilation import compilation_counter
+    from reference.compilation import compilation_counter, key_prefetch
     from reference.config import MODES
     from reference.engine.arguments import engine_config, resolve_device, resolve_dtype
     from reference.engine.memory_check import check_memory_before_build
@@ -120,6 +120,7 @@ def _child(spec: dict) -> dict:
     fields = {**MODES[spec["mode"]], **(spec.get("overrides") or {})}  # bench_startup lets no override reach eager
     config = engine_config(fields, enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
     ops = CustomOpSelection(config)
+    key_prefetch.start(device, config.inductor_compiles_model)  # as LLM does, before the weights load
     sizes = {"max_num_seqs": batch, "max_model_len": prompt + 1, "max_num_tokens": tokens}
     check_memory_before_build(spec["model"], ops, dtype=dtype, device=device, **sizes)
     start = time.perf_counter()

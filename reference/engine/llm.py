@@ -17,6 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from reference import parallel
+from reference.compilation import key_prefetch
 from reference.config import CompilationConfig, echo
 from reference.engine import arguments
 from reference.engine.llm_engine import LLMEngine
@@ -155,6 +156,7 @@ class LLM:
         )
         # the last check: joining the group waits for the other ranks
         self.tensor_parallel, self.device = parallel.init_tensor_parallel(tensor_parallel_size, device)
+        key_prefetch.start(self.device, self.config.inductor_compiles_model)  # hashed while the weights load
         self.tokenizer = None if skip_tokenizer_init else arguments.load_tokenizer(model, tokenizer)
         self.seed = seed
         self.requests = RequestBuilder(

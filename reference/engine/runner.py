@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from reference.compilation import compilation_counter, compile_model
+from reference.compilation import compilation_counter, compile_model, key_prefetch
 from reference.config import CompilationConfig
 from reference.engine.arguments import check_within_positions
 from reference.engine.graph_plan import plan_graphs
@@ -386,6 +386,7 @@ class ModelRunner:
         sees_one_token = 1 in self.capture_sizes or 1 in self.full_sizes or not (self.capture_sizes or self.full_sizes)
         report("compile")
         hits, start = compilation_counter.num_cache_hits, time.perf_counter()
+        key_prefetch.wait()  # the compilers' installation hashes, begun before the weights loaded
         self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
         if self.config.level > 0 and sees_one_token and not captures_one_token:
             # Dynamo specializes a 1-token call: an implementation that keeps Dynamo's guards (torch-native)
