@@ -184,3 +184,14 @@ def test_bench_startup_starts_the_prefetch_as_llm_does(mode, use_inductor, monke
     with pytest.raises(_Stop):
         startup._child({**spec, "mode": mode})
     assert calls == [(CPU, use_inductor)]
+
+
+@pytest.mark.eager
+def test_bench_startups_import_phase_includes_what_the_prefetch_imports(monkeypatch):
+    """The prefetch's start imports the compiler modules whose keys it hashes (on the main thread); that time
+    belongs to a phase, the import phase, not to the unmeasured gap before the weights."""
+    monkeypatch.setattr(key_prefetch, "start", lambda device, use_inductor: time.sleep(0.5))
+    monkeypatch.setattr(startup, "_STARTED", time.perf_counter())
+    row = startup._child({"model": "llama-tiny", "device": "cpu", "dtype": "float32", "batch_size": 2,
+                          "input_len": 4, "mode": "eager"})  # fmt: skip
+    assert row["import_s"] >= 0.5
