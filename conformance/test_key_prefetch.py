@@ -96,6 +96,20 @@ def test_a_later_start_hashes_only_the_keys_not_asked_for_yet(compilers):
     assert (compilers["triton_key"], compilers["torch_key"]) == (1, 1)
 
 
+def test_the_two_hashes_run_side_by_side(compilers, monkeypatch):
+    """Each fake hash waits at a barrier for the other: run one after the other, the first breaks the
+    barrier after 5 s."""
+    import torch._inductor.codecache as codecache
+
+    barrier = threading.Barrier(2, timeout=5)
+    triton_cache = sys.modules["triton.runtime.cache"]
+    monkeypatch.setattr(triton_cache, "triton_key", compilers["fake"]("triton_key", then=barrier.wait))
+    monkeypatch.setattr(codecache, "torch_key", compilers["fake"]("torch_key", then=barrier.wait))
+    key_prefetch.start(CUDA, use_inductor=True)
+    key_prefetch.wait()
+    assert (compilers["triton_key"], compilers["torch_key"]) == (1, 1) and not barrier.broken
+
+
 def test_start_returns_at_once_and_wait_blocks_until_the_hash_is_done(compilers, monkeypatch):
     monkeypatch.setattr(sys.modules["triton.runtime.cache"], "triton_key", compilers["fake"]("triton_key", 0.5))
     began = time.perf_counter()
