@@ -2,8 +2,7 @@
 
 A start is everything between ``python`` and the first answered request, split into phases (seconds):
 
-* ``import_s``: importing torch and the project (the child's own clock, from its first line), up to the start
-  of the compilers' key prefetch (:mod:`~reference.compilation.key_prefetch`), whose imports it includes;
+* ``import_s``: importing torch and the project (the child's own clock, from its first line);
 * ``weights_s``: building the model with its weights on the device (:func:`~reference.models.registry.build_model`);
 * ``compile_s``: the first forward call, Dynamo's trace, the split and each piece's compilation (the runner's
   :class:`~reference.engine.runner.StartupStats`);
@@ -114,15 +113,16 @@ def _child(spec: dict) -> dict:
     text_config = registry.model_config(spec["model"]).get_text_config()
     dtype = resolve_dtype(spec["dtype"], getattr(text_config, "dtype", None), device)
     batch, prompt = spec["batch_size"], spec["input_len"]
+    times = {"import_s": time.perf_counter() - _STARTED}
+
     tokens = batch * prompt  # the prefill, the largest step
     eager = spec["mode"] == "eager"
     fields = {**MODES[spec["mode"]], **(spec.get("overrides") or {})}  # bench_startup lets no override reach eager
     config = engine_config(fields, enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=tokens)
     ops = CustomOpSelection(config)
-    key_prefetch.start(device, config.inductor_compiles_model)  # as LLM does, before the weights load
-    times = {"import_s": time.perf_counter() - _STARTED}  # the prefetch's imports included
     sizes = {"max_num_seqs": batch, "max_model_len": prompt + 1, "max_num_tokens": tokens}
     check_memory_before_build(spec["model"], ops, dtype=dtype, device=device, **sizes)
+    key_prefetch.start(device)  # as LLM does, after the checks and before the weights
     start = time.perf_counter()
     model = registry.build_model(spec["model"], ops, dtype=dtype, device=device)
     times["weights_s"] = time.perf_counter() - start

@@ -156,7 +156,6 @@ class LLM:
         )
         # the last check: joining the group waits for the other ranks
         self.tensor_parallel, self.device = parallel.init_tensor_parallel(tensor_parallel_size, device)
-        key_prefetch.start(self.device, self.config.inductor_compiles_model)  # hashed while the weights load
         self.tokenizer = None if skip_tokenizer_init else arguments.load_tokenizer(model, tokenizer)
         self.seed = seed
         self.requests = RequestBuilder(
@@ -182,6 +181,7 @@ class LLM:
             tensor_parallel=self.tensor_parallel,
             weights_in_memory=share_weights_with is not None,
         )
+        key_prefetch.start(self.device)  # Triton's hash, computed while the weights load
         # closed on an error too, so that an error message does not run on after the bar
         bar_format = "{desc} [{elapsed}]"  # stages take seconds to minutes each: elapsed time, no rate
         quiet = True if not use_tqdm else None  # None: shown on a terminal only, not in logs
