@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from conformance.driver import prefill_and_decode
-from conformance.helpers import DEVICES, make_runner, small_llama_config
+from conformance.helpers import DEVICES, build_llama, make_runner, small_llama_config
 from reference.compilation import backend, cache_key, compile_cache, compilation_counter, expect_counters
 from reference.compilation.compile_piece import SizeDispatch
-from reference.config import CompilationConfig, ConfigError
+from reference.config import CompilationConfig, ConfigError, mode_config
 
 pytestmark = pytest.mark.requires("compile_cache", "counters")
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79]]
@@ -202,6 +202,10 @@ def _damage(entry: Path, other: Path, how: str) -> None:
     if how == "truncated":
         data = (entry / "entry.json").read_bytes()
         (entry / "entry.json").write_bytes(data[: len(data) // 2])
+    elif how == "a_byte_flipped":  # the same size: only the digest tells
+        data = bytearray((entry / "entry.json").read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (entry / "entry.json").write_bytes(bytes(data))
     elif how == "file_of_another_entry":  # valid, but the other config's graph
         shutil.copy(other / "entry.json", entry / "entry.json")
     elif how == "no_manifest":
@@ -229,6 +233,7 @@ def _damage(entry: Path, other: Path, how: str) -> None:
 REASONS = {
     "truncated": r"\(ValueError: entry\.json is \d+ bytes and its SHA-256 is not the manifest's\)",
     "file_of_another_entry": r"\(ValueError: entry\.json is \d+ bytes and its SHA-256 is not the manifest's\)",
+    "a_byte_flipped": r"\(ValueError: entry\.json is \d+ bytes and its SHA-256 is not the manifest's\)",
     "no_manifest": r"\(FileNotFoundError: .*manifest\.json",
     "foreign": r"\(ValueError: its factors\.json is not this start's \(a foreign entry\)\)",
     "missing_file": r"\(ValueError: the manifest lists \['entry\.json', 'factors\.json'\], the folder holds "
@@ -243,8 +248,8 @@ REASONS = {
 @pytest.mark.no_inductor
 @pytest.mark.parametrize(
     "how",
-    ["truncated", "file_of_another_entry", "no_manifest", "foreign", "missing_file", "manifest_listing_nothing",
-     "code_that_does_not_run", "a_file_not_a_folder"],
+    ["truncated", "a_byte_flipped", "file_of_another_entry", "no_manifest", "foreign", "missing_file",
+     "manifest_listing_nothing", "code_that_does_not_run", "a_file_not_a_folder"],
 )  # fmt: skip
 def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, impl):
     """The other entry is the same model with native custom ops: its graph takes the same inputs, so
@@ -623,3 +628,56 @@ def test_the_inputs_factor_holds_each_arguments_dtype_device_and_shape_but_the_t
     assert factors["inputs"] == [["torch.float32", "cpu", [3, 2]], "int"]
     assert factors["compilation"]["inductor_compile_config"] == {"post_grad_custom_post_pass": repr(_a_pass)}
     assert re.fullmatch(r"[0-9a-f]{32}", cache_key.cache_key(factors))  # the folder name: 32 hex digits
+
+
+def test_output_spec_is_a_lone_output_a_tuple_of_outputs_or_the_reason_neither_holds():
+    """The stored form of the model's return value (``entry.json``'s ``outputs``): an index, or a tuple of
+    indices; an empty tuple, a list, or a tuple holding a tensor no graph output is cannot be rebuilt."""
+    a, b = torch.zeros(1), torch.ones(1)
+    assert compile_cache.output_spec([a, b], b) == ("one", 1)
+    assert compile_cache.output_spec([a, b], (b, a)) == ("tuple", [1, 0])
+    reason = "the model returned {}, not graph outputs (a tensor or a tuple of them)"
+    assert compile_cache.output_spec([a, b], ()) == reason.format("tuple")
+    assert compile_cache.output_spec([a, b], [a, b]) == reason.format("list")
+    assert compile_cache.output_spec([a, b], (a, torch.zeros(1))) == reason.format("tuple")
+
+
+@pytest.mark.no_inductor
+def test_an_entry_binds_each_graph_input_to_an_argument_a_parameter_or_an_arguments_size(cache, impl):
+    """``entry.json``'s bindings, as a warm start reads them: the token ids and positions are the call's
+    arguments, the weights (and the rotary tables) are named parameters (buffers), and the symbolic token count
+    is dimension 0 of an argument."""
+    start(impl, "no_inductor", cache)
+    (entry,) = entries(cache)
+    bindings = [tuple(b) for b in json.loads((entry / "entry.json").read_text())["bindings"]]
+    kinds = {b[0] for b in bindings}
+    assert kinds == {"arg", "tensor", "size"}, kinds
+    model = build_llama(small_llama_config(), mode_config("no_inductor"))
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    names = {name for name, _ in named}  # the rotary module is shared: each layer's name for it
+    assert {b[1] for b in bindings if b[0] == "tensor"} <= names
+    assert {b[2] for b in bindings if b[0] == "size"} == {0}
+
+
+@pytest.mark.no_inductor
+def test_a_model_with_tied_embeddings_is_served_from_its_entry(cache, impl):
+    """One tensor under two parameter names (the embedding and the LM head): the entry binds it by one of
+    them, and a warm start must find it by that name."""
+    tied = small_llama_config(tie_word_embeddings=True)
+    cold = start(impl, "no_inductor", cache, hf=tied)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with expect_counters(num_cache_hits=1, num_cache_misses=0):
+            warm = start(impl, "no_inductor", cache, hf=tied)
+    assert not [w for w in caught if "compile cache" in str(w.message)]
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm))
+
+
+@pytest.mark.parametrize(
+    "err, line",
+    [(ValueError(""), "ValueError: "), (OSError("first\nsecond"), "OSError: first"),
+     (KeyError("x" * 300), "KeyError: '" + "x" * 199)],
+    ids=["empty", "two-lines", "long"],
+)  # fmt: skip
+def test_an_unusable_entrys_reason_is_the_errors_kind_and_first_line_cut_at_200_characters(err, line):
+    assert compile_cache._first_line(err) == line
