@@ -14,6 +14,8 @@ Model modes (the names test ids, the CLI and the docs use) are ``reference.confi
 from __future__ import annotations
 
 import copy
+import os
+import warnings
 
 import pytest
 import torch
@@ -156,6 +158,14 @@ def assert_error_within_twice_eager(actual: torch.Tensor, eager: torch.Tensor, r
     assert mode_error <= 2 * eager_error + eps, (
         f"error vs reference {mode_error:.3g} exceeds 2 x eager's error {eager_error:.3g} + eps {eps:.3g}"
     )
+
+
+def points_at(warning: warnings.WarningMessage, filename: str) -> bool:
+    """Whether a caught warning names ``filename`` (a test's ``__file__``) as where it was raised, i.e. its
+    ``stacklevel`` reaches the test's line. Always True under mutmut (``MUTANT_UNDER_TEST`` is set, from its
+    stats run on): there every mutated function is called through a trampoline, one frame more, so the
+    warning names mutmut's file; a mutation run checks the messages, not the location."""
+    return "MUTANT_UNDER_TEST" in os.environ or warning.filename == filename
 
 
 def tiny_eager_llm(**engine_args) -> LLM:
