@@ -177,12 +177,16 @@ class _Bar:
         self.descriptions.append(text)
 
 
-@pytest.mark.parametrize("use_tqdm, disable", [(True, None), (False, True)])
+@pytest.mark.parametrize("use_tqdm, disable", [(True, None), (False, True), ("not given", None)])
 def test_the_start_up_bar_names_each_stage_and_ends_ready(use_tqdm, disable, monkeypatch):
-    """``disable=None``: tqdm shows the bar on a terminal and not in a log; ``use_tqdm=False`` never."""
+    """``disable=None``: tqdm shows the bar on a terminal and not in a log; ``use_tqdm=False`` never. Left out,
+    ``use_tqdm`` is True, as vLLM's."""
     _Bar.made = []
     monkeypatch.setattr(llm_module, "tqdm", lambda **kwargs: _Bar(**kwargs))
-    _llm(use_tqdm=use_tqdm)
+    if use_tqdm == "not given":
+        LLM(TINY, device="cpu", enforce_eager=True)
+    else:
+        _llm(use_tqdm=use_tqdm)
     (bar,) = _Bar.made
     assert bar.kwargs == {"total": 2, "desc": f"{TINY}: load weights", "disable": disable,
                           "bar_format": "{desc} [{elapsed}]"}  # fmt: skip

@@ -193,7 +193,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     from reference.models import registry
 
-    max_positions = registry.model_config(args.model).get_text_config().max_position_embeddings
+    max_positions = registry.model_config(args.model).max_position_embeddings
     if args.input_len + args.output_len > max_positions:
         parser.error(
             f"--input-len + --output-len = {args.input_len + args.output_len} exceeds the model's "

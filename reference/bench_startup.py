@@ -98,7 +98,7 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
 
-    positions = registry.model_config(args.model).get_text_config().max_position_embeddings
+    positions = registry.model_config(args.model).max_position_embeddings
     if args.input_len + 1 > positions:
         parser.error(
             f"--input-len {args.input_len}: a prompt and its decode token need {args.input_len + 1} positions; "

@@ -210,7 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
 
-    positions = registry.model_config(args.model).get_text_config().max_position_embeddings
+    positions = registry.model_config(args.model).max_position_embeddings
     longest = args.input_len[1] + args.output_len[1]
     if longest > positions:
         parser.error(

@@ -52,7 +52,7 @@ def decode_gemms(model: str) -> list[GemmShape]:
     Raises:
         ValueError: an unknown model (:func:`reference.models.registry.model_config`).
     """
-    config = registry.model_config(model).get_text_config()
+    config = registry.model_config(model)
     hidden, d = config.hidden_size, head_dim(config)
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
     activation = "gelu_tanh_and_mul" if "gemma" in config.model_type else "silu_and_mul"

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     load_at_start = [round(x, 2) for x in os.getloadavg()]  # a busy machine moves every number
-    vocab = registry.model_config(args.model).get_text_config().vocab_size
+    vocab = registry.model_config(args.model).vocab_size
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results: list[dict[str, Any]] = []
     reference_tokens = None  # the first mode's output, for the agreement column

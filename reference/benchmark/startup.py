@@ -110,8 +110,7 @@ def _child(spec: dict) -> dict:
     from reference.ops import CustomOpSelection
 
     device = resolve_device(spec["device"])
-    text_config = registry.model_config(spec["model"]).get_text_config()
-    dtype = resolve_dtype(spec["dtype"], getattr(text_config, "dtype", None), device)
+    dtype = resolve_dtype(spec["dtype"], registry.model_config(spec["model"]).dtype, device)
     batch, prompt = spec["batch_size"], spec["input_len"]
     times = {"import_s": time.perf_counter() - _STARTED}
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    vocab = registry.model_config(args.model).get_text_config().vocab_size
+    vocab = registry.model_config(args.model).vocab_size
     bandwidth = floor_bandwidth(device)  # before any weights: the probe's 2 GiB are freed again
     workload = draw_workload(args.seed, args.num_prompts, args.input_len, args.output_len, vocab)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]

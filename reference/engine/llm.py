@@ -128,13 +128,12 @@ class LLM:
             raise ValueError(f"model: expected a preset name or a checkpoint directory (a string), got {echo(model)}")
         self.model_name = model
         device = arguments.resolve_device(device)
+        # the language model's config: a multimodal one's text_config, which takes the outer dtype if it has none
         self.hf_config = registry.model_config(model)
-        text_config = self.hf_config.get_text_config()  # the language model's (multimodal configs nest it)
-        registry.check_tensor_parallel(text_config, tensor_parallel_size)
-        self.vocab_size = text_config.vocab_size
-        configured_dtype = getattr(text_config, "dtype", None) or self.hf_config.dtype
-        self.dtype = arguments.resolve_dtype(dtype, configured_dtype, device)
-        self.max_model_len = arguments.resolve_max_model_len(max_model_len, text_config.max_position_embeddings)
+        registry.check_tensor_parallel(self.hf_config, tensor_parallel_size)
+        self.vocab_size = self.hf_config.vocab_size
+        self.dtype = arguments.resolve_dtype(dtype, self.hf_config.dtype, device)
+        self.max_model_len = arguments.resolve_max_model_len(max_model_len, self.hf_config.max_position_embeddings)
         if max_num_batched_tokens is not None:
             arguments.check_positive("max_num_batched_tokens", max_num_batched_tokens)
             if max_num_batched_tokens < max_num_seqs:
