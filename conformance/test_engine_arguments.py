@@ -37,10 +37,9 @@ def test_an_engine_size_below_one_is_one_line_naming_it(name):
     assert str(err.value) == f"{name}: expected an int >= 1, got 0"
 
 
-def test_eos_ids_come_from_the_config_its_text_config_and_the_tokenizer():
-    text_config = SimpleNamespace(eos_token_id=[2, 3])
-    hf_config = SimpleNamespace(eos_token_id=1, text_config=text_config)
-    assert eos_token_ids(hf_config, SimpleNamespace(eos_token_id=4)) == {1, 2, 3, 4}
+def test_eos_ids_come_from_the_config_and_the_tokenizer():
+    assert eos_token_ids(SimpleNamespace(eos_token_id=1), SimpleNamespace(eos_token_id=4)) == {1, 4}
+    assert eos_token_ids(SimpleNamespace(eos_token_id=[2, 3]), None) == {2, 3}
     assert eos_token_ids(SimpleNamespace(eos_token_id=None), SimpleNamespace(eos_token_id=None)) == frozenset()
     assert eos_token_ids(SimpleNamespace(), None) == frozenset()
 

@@ -113,10 +113,20 @@ def test_skip_tokenizer_init_loads_none_even_where_the_checkpoint_has_one():
     assert _llm(CHECKPOINT, skip_tokenizer_init=True).tokenizer is None
 
 
-def test_eos_comes_from_the_model_config_and_the_tokenizer():
-    tokenizer_eos = _llm(CHECKPOINT).tokenizer.eos_token_id
-    assert _llm(CHECKPOINT).requests.eos_token_ids == {2, tokenizer_eos}  # config.json: 2
-    assert _llm(CHECKPOINT, skip_tokenizer_init=True).requests.eos_token_ids == {2}
+def test_eos_comes_from_the_model_config_and_the_tokenizer(tmp_path):
+    """The fixture's config and tokenizer agree on EOS (2); a copy whose config says 3 shows both sources."""
+    import json
+    import shutil
+
+    directory = Path(shutil.copytree(CHECKPOINT, tmp_path / "eos"))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "eos_token_id": 3}))
+    llm = _llm(str(directory))
+    assert llm.tokenizer.eos_token_id == 2 and llm.eos_token_ids == llm.requests.eos_token_ids == {2, 3}
+    assert _llm(str(directory), skip_tokenizer_init=True).eos_token_ids == {3}
+    # a multimodal checkpoint's top-level ids (Gemma 3's <eos> and <end_of_turn>; its text_config says 1)
+    multimodal = Path(CHECKPOINT).parent / "tiny-gemma3-multimodal"
+    assert _llm(str(multimodal), skip_tokenizer_init=True).eos_token_ids == {1, 106}
 
 
 def test_the_memory_check_sees_the_step_budget_and_the_weights_it_will_allocate(monkeypatch):
@@ -128,6 +138,11 @@ def test_the_memory_check_sees_the_step_budget_and_the_weights_it_will_allocate(
     assert (seen[0]["max_num_seqs"], seen[0]["max_model_len"], seen[0]["device"]) == (2, 16, torch.device("cpu"))
     assert seen[0]["dtype"] == torch.float32 and seen[0]["tensor_parallel"].size == 1
     assert (seen[0]["weights_in_memory"], seen[1]["weights_in_memory"]) == (False, True)  # shared: none new
+
+
+def test_requests_are_built_for_the_models_device():
+    """Their sampling generators are made there (on CUDA, a CPU generator could not sample a CUDA tensor)."""
+    assert _llm().requests.device == torch.device("cpu")
 
 
 def test_shared_weights_are_the_same_tensors():

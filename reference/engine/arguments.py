@@ -185,12 +185,10 @@ def load_tokenizer(model: str, path: str | None):
 
 
 def eos_token_ids(hf_config, tokenizer) -> frozenset[int]:
-    """EOS ids from the model config (an int or a list; a multimodal config's text config too) and the
-    tokenizer."""
-    ids = set()
-    for config in (hf_config, getattr(hf_config, "text_config", None)):
-        eos = getattr(config, "eos_token_id", None)
-        ids.update([eos] if isinstance(eos, int) else eos or [])
+    """EOS ids from the language model's config (an int, a list or None; a multimodal checkpoint's top-level
+    ids are in it, :func:`reference.models.registry.language_model_config`) and the tokenizer (or None)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    ids = set([eos] if isinstance(eos, int) else eos or [])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
