@@ -140,6 +140,16 @@ def test_the_memory_check_sees_the_step_budget_and_the_weights_it_will_allocate(
     assert (seen[0]["weights_in_memory"], seen[1]["weights_in_memory"]) == (False, True)  # shared: none new
 
 
+def test_the_model_is_built_for_the_engines_tensor_parallel_group(monkeypatch):
+    """The group LLM joined reaches the model's layers (torchrun's ranks, conformance/test_tensor_parallel.py,
+    show what a wrong one does; here, one process, the object handed over is checked)."""
+    seen = []
+    build = registry.build_model
+    monkeypatch.setattr(registry, "build_model", lambda *args, **kwargs: seen.append(kwargs) or build(*args, **kwargs))
+    llm = _llm()
+    assert seen[0].get("tensor_parallel") is llm.tensor_parallel
+
+
 def test_requests_are_built_for_the_models_device():
     """Their sampling generators are made there (on CUDA, a CPU generator could not sample a CUDA tensor)."""
     assert _llm().requests.device == torch.device("cpu")
