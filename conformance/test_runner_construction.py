@@ -8,6 +8,7 @@ import re
 import warnings
 
 import pytest
+import torch
 
 from conformance.helpers import build_llama, points_at, small_llama_config
 from reference.config import ConfigError, mode_config
@@ -122,3 +123,28 @@ def test_dispatch_at_the_edges_of_the_full_and_piecewise_sizes():
         dispatch = runner.dispatch(tokens, uniform)
         assert dispatch.num_tokens == tokens and dispatch.runtime_mode == mode, (tokens, uniform, dispatch)
         assert (dispatch.descriptor.num_tokens, dispatch.descriptor.uniform_decode) == (size, descriptor_uniform)
+
+
+def test_the_warm_ups_compile_step_fills_one_cache_row_per_max_model_len_tokens(monkeypatch):
+    """The tracing step runs at the largest capture size (40 here): tokens past one sequence's ``max_model_len``
+    (16) go to the next cache row, as many rows as it takes, each from position 0."""
+    runner = _runner([1, 2, 40], max_num_batched_tokens=64)
+    calls = []
+    forward = runner.forward
+    monkeypatch.setattr(runner, "forward", lambda *args: calls.append(args) or forward(*args))
+    runner.warm_up()
+    assert calls[0] == ([[0] * 16, [0] * 16, [0] * 8], [0, 0, 0], [0, 1, 2])
+    # steps may have 1 token and a CPU captures no graph of 1 token: a 1-token step compiles that size now
+    assert calls[1:] == [([[0]], [0], [0])]
+
+
+def test_start_up_times_wait_for_the_device_on_cuda_only(monkeypatch):
+    """compile_s and capture_s end with a synchronize of the runner's own device (kernels run asynchronously;
+    an unsynchronised clock would time only their launches); a CPU has nothing to wait for."""
+    from types import SimpleNamespace
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    ModelRunner._sync(SimpleNamespace(device=torch.device("cpu")))
+    ModelRunner._sync(SimpleNamespace(device=torch.device("cuda", 1)))
+    assert waited == [torch.device("cuda", 1)]

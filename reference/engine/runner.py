@@ -417,16 +417,11 @@ class ModelRunner:
         return self.startup
 
     def _dummy_step(self, num_tokens: int) -> None:
-        """Run ``num_tokens`` dummy tokens, spread over cache rows in chunks of at most max_model_len."""
-        chunks, rows, left = [], [], num_tokens
-        while left:
-            take = min(left, self.max_model_len)
-            chunks.append([0] * take)
-            rows.append(len(rows) % self.max_num_seqs)
-            left -= take
-        if len(set(rows)) != len(rows):
-            raise ValueError(f"{num_tokens} dummy tokens do not fit the KV cache")
-        self.forward(chunks, [0] * len(chunks), rows)
+        """Run ``num_tokens`` dummy tokens, one cache row per ``max_model_len`` of them. Every size the warm-up
+        runs is at most ``max_num_tokens``, which the constructor keeps within ``max_num_seqs`` rows."""
+        starts = range(0, num_tokens, self.max_model_len)
+        chunks = [[0] * min(self.max_model_len, num_tokens - start) for start in starts]
+        self.forward(chunks, [0] * len(chunks), list(range(len(chunks))))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
