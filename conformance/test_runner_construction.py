@@ -14,6 +14,7 @@ from conformance.helpers import build_llama, points_at, small_llama_config
 from reference.config import ConfigError, mode_config
 from reference.engine import ModelRunner
 from reference.engine.runner import memory_needed
+from reference.forward_context import get_forward_context
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor]
 
@@ -123,6 +124,58 @@ def test_dispatch_at_the_edges_of_the_full_and_piecewise_sizes():
         dispatch = runner.dispatch(tokens, uniform)
         assert dispatch.num_tokens == tokens and dispatch.runtime_mode == mode, (tokens, uniform, dispatch)
         assert (dispatch.descriptor.num_tokens, dispatch.descriptor.uniform_decode) == (size, descriptor_uniform)
+
+
+class _Recorder:
+    """A compiled forward, recorded: per call, the token count it ran at and the forward context's runtime mode
+    and batch descriptor (what full and partition graphs key on)."""
+
+    def __init__(self, forward):
+        self.forward, self.calls = forward, []
+
+    def __call__(self, input_ids, positions):
+        context = get_forward_context()
+        self.calls.append((input_ids.shape[0], context.cudagraph_runtime_mode, tuple(context.batch_descriptor)))
+        return self.forward(input_ids, positions)
+
+
+class _TracingRecorder(_Recorder):
+    """A recorded :class:`~reference.compilation.capture.CompiledModel`, whose ``awaits_trace`` it passes on."""
+
+    @property
+    def awaits_trace(self) -> bool:
+        return self.forward.awaits_trace
+
+
+# (new tokens, context lengths, rows) of four steps: decodes of 1 and 3 sequences, a 3-token prefill, 20 tokens
+_STEPS = [([[5]], [0], [0]), ([[5], [6], [7]], [1, 0, 0], [0, 1, 2]), ([[5, 6, 7]], [0], [3]),
+          ([[1] * 10, [2] * 10], [0, 0], [1, 2])]  # fmt: skip
+
+
+@pytest.mark.no_inductor_full
+def test_each_step_hands_the_forward_its_size_runtime_mode_and_descriptor_and_the_tracing_step_no_full_graph():
+    """The first step traces (the compiled model awaits it): a 1-token decode runs at 2 tokens, outside any full
+    graph; then a decode of 3 replays the full graph of 4, a 3-token prefill the piecewise graphs of 4, and 20
+    tokens, past every capture size, run at 20 without graphs."""
+    runner = _runner([1, 2, 4, 8], max_num_seqs=4, max_num_batched_tokens=32, mode="no_inductor_full")
+    runner.compiled = recorder = _TracingRecorder(runner.compiled)
+    dispatched = []
+    for step in _STEPS:
+        runner.step(*step)
+        dispatched.append(runner.last_dispatch.runtime_mode)
+    assert recorder.calls == [(2, "NONE", (2, True)), (4, "FULL", (4, True)), (4, "PIECEWISE", (4, False)),
+                              (20, "NONE", (20, False))]  # fmt: skip
+    assert dispatched == ["NONE", "FULL", "PIECEWISE", "NONE"] and runner.dispatch_counts["NONE"] == 2
+
+
+@pytest.mark.no_inductor_full
+def test_a_forward_that_awaits_no_trace_runs_its_first_step_at_the_steps_own_size():
+    """A ``compile_fn`` result without ``awaits_trace`` (here the model's own forward) is never padded for a
+    trace: a first 1-token decode is the full graph of size 1."""
+    runner = _runner([1, 2, 4, 8], max_num_seqs=4, max_num_batched_tokens=32, mode="no_inductor_full")
+    runner.compiled = recorder = _Recorder(runner.model.forward)
+    runner.step(*_STEPS[0])
+    assert recorder.calls == [(1, "FULL", (1, True))] and runner.last_dispatch.runtime_mode == "FULL"
 
 
 def test_the_warm_ups_compile_step_fills_one_cache_row_per_max_model_len_tokens(monkeypatch):
