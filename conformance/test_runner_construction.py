@@ -87,6 +87,18 @@ def test_full_graphs_take_no_size_above_the_step_budget():
 
 
 @pytest.mark.no_inductor_full
+def test_decode_only_full_graphs_leave_larger_sizes_out_without_a_word():
+    """Under 'full_decode_only' no step is padded to a size past max_num_seqs (prefills run without graphs), so
+    a size past the step budget is no different from one past max_num_seqs: neither is captured, neither warned
+    of."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner = _runner([1, 2, 4, 16], max_num_seqs=4, max_num_batched_tokens=8, mode="no_inductor_full",
+                         cudagraph_mode="full_decode_only")  # fmt: skip
+    assert (runner.full_sizes, runner.capture_sizes) == ((1, 2, 4), ())
+
+
+@pytest.mark.no_inductor_full
 def test_full_graphs_without_a_decode_size_are_refused():
     message = (
         "cudagraph_mode='full_and_piecewise': no capture size fits a decode step (at most max_num_seqs=4 tokens), "
