@@ -163,8 +163,9 @@ def assert_error_within_twice_eager(actual: torch.Tensor, eager: torch.Tensor, r
 def points_at(warning: warnings.WarningMessage, filename: str) -> bool:
     """Whether a caught warning names ``filename`` (a test's ``__file__``) as where it was raised, i.e. its
     ``stacklevel`` reaches the test's line. Always True under mutmut (``MUTANT_UNDER_TEST`` is set, from its
-    stats run on): there every mutated function is called through a trampoline, one frame more, so the
-    warning names mutmut's file; a mutation run checks the messages, not the location."""
+    stats run on): there every mutated function is called through a trampoline in mutmut's own file, so how
+    many frames lie between the test and the warning depends on which functions the module mutates, and a
+    lost ``stacklevel`` is seen only by the plain suite."""
     return "MUTANT_UNDER_TEST" in os.environ or warning.filename == filename
 
 

@@ -169,14 +169,17 @@ ONE_GRAPH = {"splitting_ops": []}  # level 3 without a split: no pieces to fall 
 def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line(
     mode, fields, support, lowered, impl, monkeypatch
 ):
-    """The lowered mode is one the runner then builds (a piecewise mode needs pieces split at attention)."""
-    monkeypatch.setattr(graph_plan, "cudagraph_support", lambda device, dtype: support)
+    """The lowered mode is one the runner then builds (a piecewise mode needs pieces split at attention). The
+    level is the one declared for the model's device and dtype."""
+    asked = []
+    monkeypatch.setattr(graph_plan, "cudagraph_support", lambda device, dtype: asked.append((device, dtype)) or support)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runner = make_runner(impl, "no_inductor", small_llama_config(), cudagraph_mode=mode,
                              cudagraph_capture_sizes=[1, 2, 4], **fields)  # fmt: skip
         runner.warm_up()
     notes = [str(w.message) for w in caught if "attention declares" in str(w.message)]
+    assert asked == [(runner.device, runner.dtype)]
     if lowered is None:
         assert runner.config.cudagraph_mode == mode and not notes
         return
