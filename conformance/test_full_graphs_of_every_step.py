@@ -158,6 +158,8 @@ ONE_GRAPH = {"splitting_ops": []}  # level 3 without a split: no pieces to fall 
         ("full", {"level": 2}, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),  # no pieces
         ("full", ONE_GRAPH, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "full_decode_only"),
         ("full", {}, AttentionCGSupport.NEVER, "piecewise"),
+        pytest.param("full_and_piecewise", {"level": 0}, AttentionCGSupport.NEVER, "piecewise",
+                     marks=pytest.mark.breakable, id="breakable-NEVER"),  # level 0 has pieces too: breakable ones
         ("full", {"level": 2}, AttentionCGSupport.NEVER, "none"),
         ("full", ONE_GRAPH, AttentionCGSupport.NEVER, "none"),
         ("full_and_piecewise", {}, AttentionCGSupport.NEVER, "piecewise"),

@@ -57,6 +57,19 @@ def test_the_warning_lists_at_most_eight_left_out_sizes(count, shown):
     assert str(caught[0].message).endswith(f"(no step has that many tokens): {shown}")
 
 
+@pytest.mark.inductor
+@pytest.mark.parametrize("count, shown", [(8, "[9, 10, 11, 12, 13, 14, 15, 16]"),
+                                          (9, "[9, 10, 11, 12, 13, 14, 15, 16]...")])  # fmt: skip
+def test_the_compile_sizes_warning_lists_at_most_eight_too(count, shown):
+    with pytest.warns(RuntimeWarning) as caught:
+        _runner([1, 2, 4, 8], max_num_batched_tokens=8, mode="inductor", compile_sizes=list(range(9, 9 + count)))
+    (warning,) = caught
+    assert str(warning.message) == (
+        f"{count} compile sizes exceed max_num_batched_tokens (8) and are not compiled (no step has that many "
+        f"tokens): {shown}"
+    )
+
+
 @pytest.mark.parametrize("count, shown", [(8, "[9, 10, 11, 12, 13, 14, 15, 16]"),
                                           (9, "[9, 10, 11, 12, 13, 14, 15, 16]...")])  # fmt: skip
 def test_sizes_that_all_exceed_the_step_budget_are_refused_listing_at_most_eight(count, shown):

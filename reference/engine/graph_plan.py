@@ -81,6 +81,12 @@ def plan_graphs(
     return GraphPlan(config, capture_sizes, full_sizes)
 
 
+def _first_eight(sizes) -> str:
+    """``sizes`` for a one-line message: the first eight as a list, ``...`` after them if there are more (a
+    default capture list has 67 sizes)."""
+    return f"{list(sizes)[:8]}{'...' if len(sizes) > 8 else ''}"
+
+
 def _without_compile_sizes_above(config: CompilationConfig, max_num_tokens: int) -> CompilationConfig:
     """``config`` without the compile sizes above ``max_num_tokens``, with one warning line naming them, as
     capture sizes there are skipped; ``'cudagraph_capture_sizes'`` may have brought them in."""
@@ -89,7 +95,7 @@ def _without_compile_sizes_above(config: CompilationConfig, max_num_tokens: int)
         return config
     warnings.warn(
         f"{len(above)} compile sizes exceed max_num_batched_tokens ({max_num_tokens}) and are not compiled "
-        f"(no step has that many tokens): {above[:8]}{'...' if len(above) > 8 else ''}",
+        f"(no step has that many tokens): {_first_eight(above)}",
         RuntimeWarning,
         stacklevel=_CALLER,
     )
@@ -148,15 +154,14 @@ def _check_capture_sizes_within(config: CompilationConfig, max_num_tokens: int) 
     step_sizes = config.cudagraph_capture_sizes if padded else ()
     skipped = [s for s in step_sizes if s > max_num_tokens]
     if skipped and len(skipped) == len(step_sizes):
-        listed = f"{list(step_sizes)[:8]}{'...' if len(step_sizes) > 8 else ''}"
         raise ConfigError(
-            f"cudagraph_capture_sizes {listed} all exceed max_num_batched_tokens ({max_num_tokens}): no "
-            "step could use a graph; lower the sizes or raise the limit"
+            f"cudagraph_capture_sizes {_first_eight(step_sizes)} all exceed max_num_batched_tokens "
+            f"({max_num_tokens}): no step could use a graph; lower the sizes or raise the limit"
         )
     if skipped:
         warnings.warn(
             f"{len(skipped)} capture sizes exceed max_num_batched_tokens ({max_num_tokens}) and are not "
-            f"captured (no step has that many tokens): {skipped[:8]}{'...' if len(skipped) > 8 else ''}",
+            f"captured (no step has that many tokens): {_first_eight(skipped)}",
             RuntimeWarning,
             stacklevel=_CALLER,
         )
