@@ -180,15 +180,18 @@ def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line
         runner = make_runner(impl, "no_inductor", small_llama_config(), cudagraph_mode=mode,
                              cudagraph_capture_sizes=[1, 2, 4], **fields)  # fmt: skip
         runner.warm_up()
-    notes = [str(w.message) for w in caught if "attention declares" in str(w.message)]
+    notes = [w for w in caught if "attention declares" in str(w.message)]
     assert asked == [(runner.device, runner.dtype)]
     if lowered is None:
         assert runner.config.cudagraph_mode == mode and not notes
         return
     assert runner.config.cudagraph_mode == lowered
     (note,) = notes
-    assert "\n" not in note and note.startswith(f"cudagraph_mode={mode!r} runs as {lowered!r}: attention declares "
-                                                f"{support.name}")  # fmt: skip
+    steps, needed = ("every step", "ALWAYS") if mode == "full" else ("decode steps", "UNIFORM_SINGLE_TOKEN_DECODE")
+    assert note.category is RuntimeWarning and str(note.message) == (
+        f"cudagraph_mode={mode!r} runs as {lowered!r}: attention declares {support.name} for {runner.dtype} on "
+        f"{runner.device.type} (full graphs of {steps} need {needed})"
+    )
 
 
 @pytest.mark.gpu

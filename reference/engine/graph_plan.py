@@ -122,7 +122,7 @@ def _within_attention_support(config: CompilationConfig, device: torch.device, d
         lower = "piecewise" if pieces and config.cudagraph_mode != "full_decode_only" else "none"
     warnings.warn(
         f"cudagraph_mode={config.cudagraph_mode!r} runs as {lower!r}: attention declares {support.name} for "
-        f"{dtype} on {device.type} (full graphs of {'every step' if needed == 3 else 'decode steps'} "
+        f"{dtype} on {device.type} (full graphs of {'every step' if needed == AttentionCGSupport.ALWAYS else 'decode steps'} "
         f"need {needed.name})",
         RuntimeWarning,
         stacklevel=_CALLER,
