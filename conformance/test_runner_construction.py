@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -219,10 +220,30 @@ def test_the_warm_ups_compile_step_fills_one_cache_row_per_max_model_len_tokens(
 def test_start_up_times_wait_for_the_device_on_cuda_only(monkeypatch):
     """compile_s and capture_s end with a synchronize of the runner's own device (kernels run asynchronously;
     an unsynchronised clock would time only their launches); a CPU has nothing to wait for."""
-    from types import SimpleNamespace
-
     waited = []
     monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
     ModelRunner._sync(SimpleNamespace(device=torch.device("cpu")))
     ModelRunner._sync(SimpleNamespace(device=torch.device("cuda", 1)))
     assert waited == [torch.device("cuda", 1)]
+
+
+class _PositionFree(torch.nn.Module):
+    """A model whose config has no ``max_position_embeddings`` (no rotary table to run past), and no attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(vocab_size=8)
+        self.embed = torch.nn.Embedding(8, 4)
+
+    def forward(self, input_ids, positions):
+        return self.embed(input_ids)
+
+    def compute_logits(self, hidden):
+        return hidden @ self.embed.weight.T
+
+
+@pytest.mark.eager
+def test_a_model_without_a_position_limit_takes_any_max_model_len():
+    runner = ModelRunner(_PositionFree(), mode_config("eager"), max_num_seqs=2, max_model_len=10**6,
+                         max_num_batched_tokens=8)  # fmt: skip
+    assert runner.step([[1, 2], [3]], [0, 0], [0, 1]).shape == (2, 8)
