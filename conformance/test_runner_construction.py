@@ -247,3 +247,14 @@ def test_a_model_without_a_position_limit_takes_any_max_model_len():
     runner = ModelRunner(_PositionFree(), mode_config("eager"), max_num_seqs=2, max_model_len=10**6,
                          max_num_batched_tokens=8)  # fmt: skip
     assert runner.step([[1, 2], [3]], [0, 0], [0, 1]).shape == (2, 8)
+
+
+def test_the_runner_checks_its_own_allocation_against_the_device_naming_its_sizes(monkeypatch):
+    """What it hands kv_cache.check_fits: the bytes memory_needed counts, its device, and the two sizes the
+    refusal names (test_engine_arguments.py checks the refusal's line itself)."""
+    from reference.engine import runner as runner_module
+
+    seen = []
+    monkeypatch.setattr(runner_module, "check_fits", lambda *args: seen.append(args))
+    runner = _runner([1, 2], max_num_seqs=3, max_model_len=32, max_num_batched_tokens=16)
+    assert seen == [(memory_needed(runner.model, 3, 32, 16), torch.device("cpu"), 3, 32)]
