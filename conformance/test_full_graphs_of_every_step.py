@@ -90,6 +90,7 @@ def test_attention_is_handed_the_static_tables_of_its_full_graph_step(cudagraph_
             flat = [tables.slots, tables.decode_seq_lens, tables.decode_rows, tables.cu_query_lens, tables.seq_lens,
                     tables.rows]  # fmt: skip
             assert [x for t in flat for x in t.tolist()] == expected
+            assert {t.dtype for t in flat} == {torch.int64}  # tolist() would show 1.0 == 1 in a float buffer
             assert tables.slots.data_ptr() == runner.graph_tables_buffer.data_ptr()  # the buffer the graph reads
             continue
         assert md.graph_tables is None
@@ -97,6 +98,7 @@ def test_attention_is_handed_the_static_tables_of_its_full_graph_step(cudagraph_
             assert runner.last_dispatch.runtime_mode == "FULL"
             padding = [0] * (size - len(tokens))
             assert (md.seq_lens_tensor.tolist(), md.rows_tensor.tolist()) == (seq_lens + padding, md.rows + padding)
+            assert md.seq_lens_tensor.dtype == md.rows_tensor.dtype == torch.int64
         else:
             assert (md.seq_lens_tensor.tolist(), md.rows_tensor.tolist()) == (seq_lens, md.rows)
 
