@@ -126,7 +126,10 @@ def test_survivors_re_tests_exactly_the_mutants_left_alive_and_records_the_row(t
     monkeypatch.setattr(mutate.metadata, "version", lambda name: "3.8.1")  # CI and the GPU host lack mutmut
     monkeypatch.setattr(mutate.subprocess, "run", fake_run)
     monkeypatch.setattr(mutate.summary, "record", lambda name, row: recorded.update({name: row}))
+    # checked out when mutmut copies the sources; a commit made while it runs comes after
+    monkeypatch.setattr(mutate, "_commit", lambda: "def5678" if any(c[0] == "run" for c in commands) else "abc1234")
     assert mutate.run_module("config", fresh=False, workers=1, survivors=True) == 0
+    assert recorded["config"]["commit"] == "abc1234"  # the sources mutmut copied, not a later commit's
     runs = [c for c in commands if c[0] == "run"]
     assert runs == [["run", "--max-children", "1", "m.x__mutmut_2", "m.x__mutmut_3", "m.x__mutmut_4"]]
     assert (recorded["config"]["killed"], recorded["config"]["no tests"]) == (3, 1)

@@ -90,6 +90,7 @@ def run_module(name: str, *, fresh: bool, workers: int, survivors: bool = False)
     """Run mutmut on module ``name`` and record its row; mutmut's exit status. ``survivors``: re-test only
     the mutants the last run left alive (tests only kill more: the killed ones stay killed)."""
     work = workspace.prepare(name, fresh=fresh)
+    commit = _commit()  # mutmut copies the sources now: a commit made while it runs is not what it mutated
     # each of the mutants tested at once takes its share of the usable cores (a share the caller set is kept)
     env = {**cores.shared(max(1, len(os.sched_getaffinity(0)) // workers), os.environ), **os.environ}
     # mutmut re-tests the mutants it is given by name, and only those; new tests get their stats first
@@ -102,7 +103,7 @@ def run_module(name: str, *, fresh: bool, workers: int, survivors: bool = False)
             return status
     row = summary.count(_statuses(work, env), summary.load_equivalent())
     provenance = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "mutmut": metadata.version("mutmut"),
-                  "commit": _commit()}
+                  "commit": commit}
     summary.record(name, {**provenance, **row})
     print(f"\n{name}: {row['killed']} killed, {row['timeout']} timeout, {row['survived']} survived, "
           f"{row['no tests']} no tests, {row['equivalent']} equivalent: score {100 * row['score']:.1f}%")
