@@ -136,6 +136,16 @@ def test_the_memory_a_runner_needs_is_its_kv_cache_and_its_two_input_buffers():
     assert memory_needed(runner.model, 2, 16, 8) == kv + 2 * 9 * 8  # int64 ids and positions, 8 + 1 slots
 
 
+@pytest.mark.eager
+def test_the_memory_needed_counts_the_kv_cache_in_the_models_dtype():
+    """A bfloat16 model's cache takes half a float32 one's bytes (the KV cache is allocated in the model's
+    dtype); the two int64 input buffers do not change."""
+    model = build_llama(HF, mode_config("eager"))
+    buffers = 2 * 9 * 8
+    float32 = memory_needed(model, 2, 16, 8) - buffers
+    assert memory_needed(model.to(torch.bfloat16), 2, 16, 8) - buffers == float32 // 2 > 0
+
+
 @pytest.mark.no_inductor_full
 def test_dispatch_at_the_edges_of_the_full_and_piecewise_sizes():
     runner = _runner([1, 2, 4, 8], max_num_seqs=4, mode="no_inductor_full")
