@@ -120,10 +120,10 @@ def _within_attention_support(config: CompilationConfig, device: torch.device, d
         lower = "full_and_piecewise" if pieces else "full_decode_only"
     else:
         lower = "piecewise" if pieces and config.cudagraph_mode != "full_decode_only" else "none"
+    steps = "every step" if needed == AttentionCGSupport.ALWAYS else "decode steps"
     warnings.warn(
         f"cudagraph_mode={config.cudagraph_mode!r} runs as {lower!r}: attention declares {support.name} for "
-        f"{dtype} on {device.type} (full graphs of {'every step' if needed == AttentionCGSupport.ALWAYS else 'decode steps'} "
-        f"need {needed.name})",
+        f"{dtype} on {device.type} (full graphs of {steps} need {needed.name})",
         RuntimeWarning,
         stacklevel=_CALLER,
     )
