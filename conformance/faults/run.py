@@ -8,16 +8,14 @@ plant itself breaking) or a run that selects nothing leaves it uncaught, with th
 them, a fault's run collects only their files.
 
 On ``cpu`` each run is a fork of one server process per caller that has already imported torch, pytest,
-transformers, hypothesis and the reference (:data:`PRELOAD`, multiprocessing's ``forkserver``): those
-imports were 4-5 s of a fault's 5 s on a 2-core machine. The server itself runs no torch op, so no thread
-pool exists to be broken by the fork. On ``cuda`` each run is a fresh interpreter: a fork must never
-inherit a CUDA context, and there the tests, not the imports, take the time.
+transformers, hypothesis and the reference (conformance/forked.py): those imports were 4-5 s of a fault's
+5 s on a 2-core machine. On ``cuda`` each run is a fresh interpreter: a fork must never inherit a CUDA
+context, and there the tests, not the imports, take the time.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -26,17 +24,11 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 from xml.etree import ElementTree
 
-from conformance import cores
+from conformance import cores, forked
 from conformance.faults.fault import Fault
 
 ROOT = Path(__file__).resolve().parents[2]
 SELF = "conformance/test_faults.py"  # runs run_fault itself: never part of a fault's run
-# What every fault's pytest run imports before its first test (what conftest.py, the conformance package
-# and the oracles pull in); the server imports them once, every run's fork starts with them.
-PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers", "pytest", "hypothesis",
-           "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
-_FORKSERVER = multiprocessing.get_context("forkserver")
-_FORKSERVER.set_forkserver_preload(PRELOAD)
 
 
 def _pytest_args(device: str, *args: str, paths: Sequence[str] = ("conformance",)) -> list[str]:
@@ -77,55 +69,22 @@ def run_fault(
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         args = ("-x", "--impl", f"fault:{fault.id}", f"--junitxml={junit}", "-k", fault.tests)
-        argv, env = _pytest_args(device, *args, paths=paths), _environment(device, jobs)
-        if device == "cpu":
-            returncode, output = _forked_pytest(argv, env, Path(tmp) / "output.txt")
-        else:
-            proc = subprocess.run(
-                _command(argv), cwd=ROOT, env=env, capture_output=True, text=True, errors="replace"
-            )
-            returncode, output = proc.returncode, proc.stdout + proc.stderr
+        cmd, env = _command(_pytest_args(device, *args, paths=paths)), _environment(device, jobs)
+        proc = _run(device, cmd, env)
         failed, errored = _first_failure(junit) if junit.exists() else (None, None)
-        if returncode == 1 and failed:
+        if proc.returncode == 1 and failed:
             return failed, ""
-        tail = output.strip().splitlines()[-3:]
-        reason = f"error in {errored}" if errored else f"pytest exit {returncode}"
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        reason = f"error in {errored}" if errored else f"pytest exit {proc.returncode}"
         return None, f"{fault.id}: {reason}: " + " | ".join(tail)
 
 
-def _forked_pytest(args: list[str], env: dict[str, str], output: Path) -> tuple[int, str]:
-    """``pytest ARGS`` in a fork of the preloaded server, with ``env`` as its whole environment; returns
-    (its exit status, what it printed)."""
-    child = _FORKSERVER.Process(target=_pytest_main, args=(args, env, str(output)))
-    child.start()
-    child.join()
-    return child.exitcode, output.read_text(errors="replace") if output.exists() else ""
-
-
-def _pytest_main(args: list[str], env: dict[str, str], output: str) -> None:
-    """The forked child: ``pytest ARGS`` in ``ROOT`` with ``env`` as its environment and its output in a file.
-
-    Unlike a fresh interpreter, it keeps what the server's modules read from the environment when they were
-    imported (torch's ``OMP_NUM_THREADS`` and Inductor's ``TORCHINDUCTOR_COMPILE_THREADS``, both therefore
-    set here; Hugging Face's ``HF_HUB_OFFLINE``; Inductor's other ``TORCHINDUCTOR_*``): the server starts
-    with the caller's environment, which ``python -m conformance.faults`` never changes while it runs.
-    """
-    import pytest  # imported by the server already: these are look-ups
-    import torch
-    from torch._inductor import config as inductor_config
-
-    sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # first, so every error below is in the note
-    os.dup2(sink, 1)
-    os.dup2(sink, 2)
-    os.environ.clear()
-    os.environ.update(env)
-    threads, compile_threads = cores.thread_counts(env)  # a bad count raises its one line into the note
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if compile_threads is not None:
-        inductor_config.compile_threads = compile_threads
-    os.chdir(ROOT)
-    sys.exit(int(pytest.main(args)))
+def _run(device: str, cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (``python -m pytest ...``) with ``env``, from ``ROOT``: forked on ``cpu``, a fresh interpreter on
+    ``cuda``."""
+    if device == "cpu":
+        return forked.run(cmd, env=env)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, errors="replace")
 
 
 def _first_failure(junit: Path) -> tuple[str | None, str | None]:
@@ -163,7 +122,7 @@ def selected_tests(faults: list[Fault], device: str) -> Selection:
         env = {**_environment(device, 1), "FAULT_SELECTION_OUT": str(out)}
         env["FAULT_SELECTION_IDS"] = ",".join(f.id for f in faults)
         cmd = _command(_pytest_args(device, "--collect-only", "-p", "conformance.faults.selection_plugin"))
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        proc = _run(device, cmd, env)
         if not out.exists():
             raise RuntimeError(f"collection failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
         found = json.loads(out.read_text())

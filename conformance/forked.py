@@ -1,0 +1,86 @@
+"""``python -m MODULE ARGS`` run in a fork of one preloaded server process instead of a fresh interpreter.
+
+The suite starts many short Python processes of its own tools: every CPU fault's pytest run
+(conformance/faults/run.py), and the tests of the suite's plugins and CLIs (the report, the markers, the
+selection, the scheduling), each a pytest run or a ``python -m conformance.…`` of its own. A fresh interpreter
+imports torch, transformers, Dynamo, Inductor and the reference first: 4-5 s of a fault's 5 s on a 2-core Intel
+machine, 9-10 s on a 2-core AMD EPYC (2026-12-06). :func:`run` forks a server that has imported them once
+(multiprocessing's ``forkserver``, :data:`PRELOAD`); the server runs no torch op, so no thread pool exists to
+be broken by the fork.
+
+What a fork keeps that a fresh interpreter would not: whatever the server's modules read from the environment
+when they were imported (Hugging Face's ``HF_HUB_OFFLINE``, Inductor's ``TORCHINDUCTOR_*`` but
+``TORCHINDUCTOR_COMPILE_THREADS``, which is applied here, as is ``OMP_NUM_THREADS``). A test of behaviour that
+rests on a fresh interpreter (a variable read at import, a process killed mid-way, a cold start, CUDA: a fork
+must never inherit a CUDA context) starts one with ``subprocess`` instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from conformance import cores
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the suite's own processes import before their first test or command (what conftest.py, the conformance
+# package, the oracles and the fault catalogue pull in); the server imports them once.
+PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers", "pytest", "hypothesis",
+           "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
+_SERVER = multiprocessing.get_context("forkserver")
+_SERVER.set_forkserver_preload(PRELOAD)
+
+
+def run(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """What ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace")`` gives,
+    for ``argv = [sys.executable, "-m", MODULE, *ARGS]``, run in a fork of the preloaded server.
+
+    Args:
+        env: the child's whole environment (``os.environ`` when None).
+    Returns:
+        ``returncode`` as Python's: a ``SystemExit``'s code, 1 after an uncaught exception (its traceback in
+        ``stderr``); ``stdout`` and ``stderr`` apart, as text.
+    Raises:
+        ValueError: ``argv`` is not ``[sys.executable, "-m", MODULE, ...]``.
+    """
+    argv = list(argv)
+    if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
+        raise ValueError(f"argv: expected [sys.executable, '-m', MODULE, ...], got {argv[:3]}")
+    module, args = argv[2], argv[3:]
+    environ = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        child = _SERVER.Process(target=_main, args=(module, args, environ, str(cwd), str(out), str(err)))
+        child.start()
+        child.join()
+        read = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+    return subprocess.CompletedProcess(argv, child.exitcode, *read)
+
+
+def _main(module: str, args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
+    """The forked child: ``python -m MODULE ARGS`` in ``cwd`` with ``env`` as its environment, its output in
+    files (first, so that every error below is in them)."""
+    import torch  # imported by the server already: these are look-ups
+    from torch._inductor import config as inductor_config
+
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.environ.clear()
+    os.environ.update(env)
+    threads, compile_threads = cores.thread_counts(env)  # a bad count raises its one line into stderr
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if compile_threads is not None:
+        inductor_config.compile_threads = compile_threads
+    os.chdir(cwd)
+    sys.path.insert(0, cwd)  # as -m puts the working folder first
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

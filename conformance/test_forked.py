@@ -1,0 +1,83 @@
+"""conformance/forked.py: ``python -m MODULE ARGS`` in a fork of a preloaded server must give what a fresh
+interpreter gives: the environment, threads and folder asked for, ``sys.argv``, the exit status, and stdout and
+stderr apart."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conformance import cores, forked
+
+pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
+
+CHILD = """\
+import sys
+print("out", sys.argv)
+print("err", file=sys.stderr)
+{end}
+"""
+
+
+@pytest.mark.parametrize(
+    "end, status, err",
+    [
+        ("", 0, ""),
+        ("sys.exit(3)", 3, ""),
+        ("sys.exit('refused: a reason')", 1, "\nrefused: a reason\n"),  # Python's own: the text, status 1
+        ("raise KeyError('lost')", 1, "\nKeyError: 'lost'\n"),  # and the traceback
+    ],
+    ids=["ends", "exits-3", "exits-with-text", "raises"],
+)
+def test_a_module_runs_as_python_m_with_its_argv_status_and_output_apart(tmp_path, end, status, err):
+    (tmp_path / "child_module.py").write_text(CHILD.format(end=end))
+    cmd = [sys.executable, "-m", "child_module", "a", "--b"]
+    proc = forked.run(cmd, cwd=tmp_path)  # -m finds a module of the working folder
+    assert proc.args == cmd and proc.returncode == status, (proc.returncode, proc.stderr)
+    assert proc.stdout == f"out {[str(tmp_path / 'child_module.py'), 'a', '--b']}\n"
+    assert proc.stderr.startswith("err\n") and err in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("outcome, status", [("passed", 0), ("failed", 1)])
+def test_a_forked_pytest_run_has_the_given_environment_threads_and_folder(tmp_path, outcome, status):
+    """The fork must see the environment and thread counts a fresh process would, not the server's."""
+    (tmp_path / "test_child.py").write_text(
+        "import os, torch\n"
+        "from torch._inductor import config\n"
+        "def test_child():\n"
+        "    assert os.environ['FORKED_RUN_MARK'] == 'here' and 'HOME' not in os.environ\n"
+        f"    assert torch.get_num_threads() == 1 and os.getcwd() == {str(forked.ROOT)!r}\n"
+        "    assert config.compile_threads == 3\n"  # read by the server at import, from another environment
+        f"    assert {outcome == 'passed'}\n"
+    )
+    # HOME: in the server's environment since it started, absent from the run's
+    env = {**{k: v for k, v in os.environ.items() if k != "HOME"}, "FORKED_RUN_MARK": "here", "OMP_NUM_THREADS": "1"}
+    env[cores.COMPILE_THREADS] = "3"
+    cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider",
+           "-p", "no:xdist"]  # fmt: skip
+    proc = forked.run(cmd, env=env)
+    assert proc.returncode == status and f"1 {outcome}" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("threads", ["4,2", "", "four"])
+def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(threads, tmp_path):
+    """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived.
+    "4,2" is 4, as OpenMP reads it; "" and "four" are refused in the run's own output, where the note reads it."""
+    (tmp_path / "test_child.py").write_text("def test_child():\n    pass\n")
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    cmd = [sys.executable, "-m", "pytest", str(tmp_path / "test_child.py"), "-q", "-p", "no:cacheprovider",
+           "-p", "no:xdist"]  # fmt: skip
+    proc = forked.run(cmd, env=env)
+    if threads == "4,2":
+        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode != 0
+        assert f"OMP_NUM_THREADS={threads!r}: expected a whole number of threads >= 1" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["python3", "-m", "pytest"], [sys.executable, "script.py"], [sys.executable, "-m"]])
+def test_anything_but_python_m_module_is_refused(argv):
+    with pytest.raises(ValueError, match=r"argv: expected \[sys.executable, '-m', MODULE, \.\.\.\]"):
+        forked.run(argv)
