@@ -38,18 +38,25 @@ _SERVER.set_forkserver_preload(PRELOAD)
 
 
 def run(
-    argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | Path = ROOT
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path = ROOT,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """What ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace")`` gives,
-    for ``argv = [sys.executable, "-m", MODULE, *ARGS]``, run in a fork of the preloaded server.
+    """What ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
+    timeout=timeout)`` gives, for ``argv = [sys.executable, "-m", MODULE, *ARGS]``, run in a fork of the
+    preloaded server.
 
     Args:
         env: the child's whole environment (``os.environ`` when None).
+        timeout: seconds; past them the child is killed.
     Returns:
         ``returncode`` as Python's: a ``SystemExit``'s code, 1 after an uncaught exception (its traceback in
         ``stderr``); ``stdout`` and ``stderr`` apart, as text.
     Raises:
         ValueError: ``argv`` is not ``[sys.executable, "-m", MODULE, ...]``.
+        subprocess.TimeoutExpired: the child ran past ``timeout`` (as ``subprocess.run`` raises it).
     """
     argv = list(argv)
     if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
@@ -60,7 +67,11 @@ def run(
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         child = _SERVER.Process(target=_main, args=(module, args, environ, str(cwd), str(out), str(err)))
         child.start()
-        child.join()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(argv, timeout)
         read = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
     return subprocess.CompletedProcess(argv, child.exitcode, *read)
 

@@ -5,6 +5,7 @@ stderr apart."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -81,3 +82,9 @@ def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(t
 def test_anything_but_python_m_module_is_refused(argv):
     with pytest.raises(ValueError, match=r"argv: expected \[sys.executable, '-m', MODULE, \.\.\.\]"):
         forked.run(argv)
+
+
+def test_a_child_past_its_timeout_is_killed_and_raises_as_subprocess_does(tmp_path):
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked.run([sys.executable, "-m", "sleeper"], cwd=tmp_path, timeout=1)

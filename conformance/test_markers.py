@@ -8,11 +8,12 @@ selections must be equal: a user choosing either gets the same run.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conformance import forked
 
 from reference.config import MODES
 
@@ -30,7 +31,9 @@ def _promises_k(description: str, mode: str) -> bool:
 
 def _selected(*selection: str) -> set[str]:
     cmd = [sys.executable, "-m", "pytest", "conformance", "--collect-only", "-q", "-p", "no:cacheprovider", *selection]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    proc = forked.run(cmd, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
     return {line for line in out.splitlines() if "::" in line}
 
 

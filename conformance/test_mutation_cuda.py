@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import forked
 from conformance.mutation import cuda
 from conformance.mutation.cuda_mutants import MUTANTS, Mutant
 
@@ -115,12 +116,11 @@ def test_nothing_is_counted_when_the_unmutated_tree_fails_its_tests(monkeypatch,
 
 def test_the_mutants_runs_select_the_cuda_cases_but_not_those_that_need_the_device_alone():
     graph_tests = next(m.tests for m in MUTANTS if m.path.endswith("cuda_graph.py"))
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                          cuda.MARKER, *graph_tests], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m"]
+    run = forked.run([*collect, cuda.MARKER, *graph_tests])
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert run.returncode == 0 and ids, run.stdout[-2000:]
-    every = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                            "device_memory", *graph_tests], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    every = forked.run([*collect, "device_memory", *graph_tests])
     memory = {line for line in every.stdout.splitlines() if "::" in line}
     assert memory and not memory & set(ids), sorted(memory & set(ids))  # device-memory tests exist, none selected
 

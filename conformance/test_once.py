@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conformance import once
+from conformance import forked, once
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
@@ -78,6 +77,6 @@ def test_a_run_started_from_a_worker_keeps_its_values_in_its_own_session(tmp_pat
     for run_number in (1, 2):  # the first saves 'computed'; the second, asking for 'planted', must not read it
         cmd = [sys.executable, "-m", "pytest", str(test), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                f"--basetemp={tmp_path / 'runs' / str(run_number)}"]  # fmt: skip
-        run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        run = forked.run(cmd, env=env, cwd=tmp_path, timeout=120)
         assert run.returncode == 0, run.stdout[-1500:]
         test.write_text(test.read_text().replace("'computed') == 'computed'", "'planted') == 'planted'"))

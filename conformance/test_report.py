@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conformance import forked
 from conformance.report import side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ RULE = "test_config.py::test_none_gives_the_defaults"
 def test_a_saved_report_has_each_rules_outcomes_and_what_made_it(tmp_path):
     path = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pytest", f"conformance/{RULE}", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
+    proc = forked.run([*cmd, f"--conformance-report={path}"])
     assert proc.returncode == 0, proc.stdout[-2000:]
     doc = json.loads(path.read_text())
     assert doc["implementation"] == "reference"
@@ -67,9 +67,7 @@ def test_reports_side_by_side_have_a_cell_per_rule_and_report_and_column_totals(
 def test_a_file_that_is_not_a_report_is_one_usage_line(tmp_path, text, why):
     bad = tmp_path / "bad.json"
     bad.write_text(text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "conformance.report", str(bad)], cwd=ROOT, capture_output=True, text=True
-    )
+    proc = forked.run([sys.executable, "-m", "conformance.report", str(bad)])
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m conformance.report: error: "), proc.stderr
@@ -82,13 +80,7 @@ def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tm
     path.write_text('{"stale": true}')
     cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
     env = {k: v for k, v in os.environ.items() if k != "REFERENCE_ALLOW_EMPTY_SELECTION"}  # tox -e gpu sets it
-    proc = subprocess.run(
-        [*cmd, "-p", "no:xdist", "-k", "no_such_test", f"--conformance-report={path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    proc = forked.run([*cmd, "-p", "no:xdist", "-k", "no_such_test", f"--conformance-report={path}"], env=env)
     assert proc.returncode == 5  # pytest: no tests ran
     assert json.loads(path.read_text())["rules"] == {}
 
@@ -106,7 +98,7 @@ def test_a_run_that_selects_nothing_still_writes_its_report_over_an_older_one(tm
 def test_a_report_path_that_cannot_take_the_report_is_refused_before_any_test_runs(tmp_path, where, message):
     path = tmp_path / where
     cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
-    proc = subprocess.run([*cmd, f"--conformance-report={path}"], cwd=ROOT, capture_output=True, text=True)
+    proc = forked.run([*cmd, f"--conformance-report={path}"])
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # pytest: usage error
     assert message in proc.stderr and "passed" not in proc.stdout
 
@@ -118,7 +110,7 @@ def _run_with_a_failure(*extra: str) -> str:
     """stdout of a run of one failing and one passing rule (the fault largest-capture-size-dropped planted)."""
     cmd = [sys.executable, "-m", "pytest", f"conformance/{FAILING}", f"conformance/{RULE}", "-q", "-p",
            "no:cacheprovider", "-p", "no:xdist", "--impl", "fault:largest-capture-size-dropped", *extra]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = forked.run(cmd)
     assert proc.returncode == 1, proc.stdout[-2000:]
     return proc.stdout
 
@@ -139,7 +131,7 @@ def test_a_failure_report_holds_no_empty_torch_trace_log_lines():
     test = "conformance/test_structure.py::test_level2_traces_once_for_every_size[use_inductor=False]"
     cmd = [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
            "--impl", "fault:token-dimension-not-dynamic"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = forked.run(cmd)
     assert proc.returncode == 1 and "Captured log call" not in proc.stdout, proc.stdout[-3000:]
 
 
@@ -148,6 +140,6 @@ def test_a_perf_run_prints_no_conformance_summary(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "perf", "-k", "prefill and eager", "--benchmark-disable", "-q", "-p",
            "no:cacheprovider", f"--benchmark-storage=file://{tmp_path}"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    proc = forked.run(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "conformance:" not in proc.stdout, proc.stdout[-2000:]

@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conformance import forked
+
 from reference.benchmark.results import ResultsError, newest, read_rows
 from reference.benchmark.startup_results import read_startup_rows
 from reference.benchmark.summary import comparison_table, latency_table, sources, speedup_table, startup_table
@@ -289,7 +291,7 @@ def test_a_saved_perf_run_records_its_command_commit_torch_version_and_date(tmp_
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env["REFERENCE_COMMIT"] = "0123abc"  # a copied tree's .git may be another commit's: the caller names it
     saved = _saved_runs()
-    proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, env=env)
+    proc = forked.run([sys.executable, "-m", "pytest", *args], env=env)
     assert proc.returncode == 0, proc.stdout[-2000:]
     # the user's next `pytest perf/ --benchmark-compare` must not compare against a run the suite made
     assert _saved_runs() == saved, "the test saved a benchmark run into the repository's .benchmarks/"

@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from conformance import forked
 from conformance.scheduling import SharedRunScheduling
-from conformance.work_units import SHARED_RUNS, is_long, scope_of
+from conformance.work_units import SHARED_RUNS, SPREAD_READERS, is_long, scope_of
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.requires("components")  # a tool of the suite itself: checked once, under the reference
@@ -85,7 +85,7 @@ def test_every_module_that_reads_a_shared_run_is_scheduled_by_its_runs():
         for path in (ROOT / "conformance").glob("test_*.py")
         if re.search(r"^from conformance\.once import", path.read_text(), re.MULTILINE)
     }
-    assert readers == set(SHARED_RUNS)
+    assert readers == set(SHARED_RUNS) | SPREAD_READERS
 
 
 @pytest.mark.slow
@@ -95,7 +95,7 @@ def test_under_n_2_the_tests_of_one_launch_all_run_on_one_worker():
     cmd = [sys.executable, "-m", "pytest", "conformance/test_tensor_parallel.py", "-n", "2", "-v", "-p",
            "no:cacheprovider", "--impl", "torch-native", "-k", "llama-tiny"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = forked.run(cmd, env=env, timeout=300)
     workers = re.findall(r"^\[(gw\d+)\] .*SKIPPED", run.stdout, re.MULTILINE)
     assert run.returncode == 0 and len(workers) == 10, run.stdout[-2000:]
     assert len(set(workers)) == 1, workers
@@ -104,8 +104,7 @@ def test_under_n_2_the_tests_of_one_launch_all_run_on_one_worker():
 def test_the_long_units_are_collected_first_then_the_other_slow_tests():
     """xdist hands tests out in collection order (conformance/conftest.py sorts it)."""
     files = ["conformance/test_bench_cli.py", "conformance/test_peer_suite.py", "conformance/test_tensor_parallel.py"]
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    run = forked.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files], timeout=300)
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert run.returncode == 0 and ids, run.stdout[-2000:] + run.stderr[-2000:]
     long = [is_long(scope_of(nodeid)) for nodeid in ids]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conformance import forked
 from conformance.selection import load_implementation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +40,6 @@ def test_an_impl_that_gives_no_implementation_is_one_line_naming_it(spec, messag
 def test_pytest_refuses_such_an_impl_with_a_usage_error():
     cmd = [sys.executable, "-m", "pytest", "conformance/test_config.py", "-q", "-p", "no:cacheprovider"]
     cmd += ["--impl", "os:path"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = forked.run(cmd, cwd=REPO)
     assert proc.returncode == 4 and "INTERNALERROR" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert "--impl 'os:path': path in os is not callable" in proc.stderr

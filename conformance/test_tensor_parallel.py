@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance import forked
 from conformance.once import computed_once, shared_folder
 from conformance.oracle import ORACLE_ATOL
 from conformance.tensor_parallel_worker import MODELS
@@ -193,7 +194,7 @@ def test_tensor_parallel_bench_latency_errors_are_one_line_with_exit_2(extra, me
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
     env.update(arg.split("=", 1) for arg in extra if "=" in arg)
     args = [arg for arg in extra if "=" not in arg]
-    proc = subprocess.run([sys.executable, *BENCH, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = forked.run([sys.executable, *BENCH, *args], env=env)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr

@@ -5,7 +5,8 @@ modules read values that one expensive run makes (conformance/once.py: a torchru
 model's oracle and generations); handed out one by one, the first worker to need a value computes it and every
 other worker that needs it waits on its lock, so the tests that read one run are one unit (all of a module's, or
 those whose parameters start with the run's name: each tensor-parallel model's launch is a unit of its own, so
-three workers launch the three at once).
+three workers launch the three at once). ``SPREAD_READERS`` are readers whose value is cheap beside their tests:
+they stay spread.
 
 ``LONG_RUNS`` are the units that take minutes each on the H200; the suite hands them out first
 (conformance/conftest.py) and never queues one behind another on a worker (conformance/scheduling.py).
@@ -22,6 +23,10 @@ SHARED_RUNS: dict[str, tuple[str, ...]] = {
     "conformance/test_tensor_parallel.py": TENSOR_PARALLEL_MODELS,  # one torchrun launch per model
     "conformance/test_real_gemma3.py": (),  # the oracle, each mode's generation, the float32 likelihoods
 }
+# modules that read a computed_once value but whose tests are handed out one by one all the same: the value is
+# short beside the tests that read it, so a worker that waits for it once loses less than one worker running them
+# all. test_faults.py: the CPU faults' selection (one collection, ~30 s on a 2-core AMD EPYC) beside ~60 faults.
+SPREAD_READERS = frozenset({"conformance/test_faults.py"})
 # units that take minutes each on the H200 (2026-12-03: 113-172 s a shard of the peer's run, 106-116 s a
 # tensor-parallel launch): a scope starting with one of these
 LONG_RUNS: tuple[str, ...] = (
