@@ -6,13 +6,16 @@ selection, the scheduling), each a pytest run or a ``python -m conformance.…``
 imports torch, transformers, Dynamo, Inductor and the reference first: 4-5 s of a fault's 5 s on a 2-core Intel
 machine, 9-10 s on a 2-core AMD EPYC (2026-12-06). :func:`run` forks a server that has imported them once
 (multiprocessing's ``forkserver``, :data:`PRELOAD`); the server runs no torch op, so no thread pool exists to
-be broken by the fork.
+be broken by the fork. Where torch sees a CUDA device, :func:`run` starts a fresh interpreter instead: there the
+server's imports initialise CUDA, and a forked child that needs it again fails ("Cannot re-initialize CUDA in
+forked subprocess": five tests of the report and the perf run, H100, 2026-12-06); there the tests, not the
+imports, take the time.
 
 What a fork keeps that a fresh interpreter would not: whatever the server's modules read from the environment
 when they were imported (Hugging Face's ``HF_HUB_OFFLINE``, Inductor's ``TORCHINDUCTOR_*`` but
 ``TORCHINDUCTOR_COMPILE_THREADS``, which is applied here, as is ``OMP_NUM_THREADS``). A test of behaviour that
-rests on a fresh interpreter (a variable read at import, a process killed mid-way, a cold start, CUDA: a fork
-must never inherit a CUDA context) starts one with ``subprocess`` instead.
+rests on a fresh interpreter (a variable read at import, a process killed mid-way, a cold start) starts one with
+``subprocess`` instead.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
+
+import torch
 
 from conformance import cores
 
@@ -46,7 +51,7 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """What ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
     timeout=timeout)`` gives, for ``argv = [sys.executable, "-m", MODULE, *ARGS]``, run in a fork of the
-    preloaded server.
+    preloaded server; where torch sees a CUDA device, that very ``subprocess.run``.
 
     Args:
         env: the child's whole environment (``os.environ`` when None).
@@ -61,6 +66,8 @@ def run(
     argv = list(argv)
     if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
         raise ValueError(f"argv: expected [sys.executable, '-m', MODULE, ...], got {argv[:3]}")
+    if torch.cuda.is_available():
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout)
     module, args = argv[2], argv[3:]
     environ = dict(os.environ if env is None else env)
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,8 +86,7 @@ def run(
 def _main(module: str, args: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
     """The forked child: ``python -m MODULE ARGS`` in ``cwd`` with ``env`` as its environment, its output in
     files (first, so that every error below is in them)."""
-    import torch  # imported by the server already: these are look-ups
-    from torch._inductor import config as inductor_config
+    from torch._inductor import config as inductor_config  # imported by the server already: a look-up
 
     for fd, path in ((1, stdout), (2, stderr)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conformance import cores, forked
 
@@ -62,6 +63,8 @@ def test_a_forked_pytest_run_has_the_given_environment_threads_and_folder(tmp_pa
     assert proc.returncode == status and f"1 {outcome}" in proc.stdout, proc.stdout + proc.stderr
 
 
+# a fresh interpreter leaves OMP_NUM_THREADS to OpenMP, which ignores a bad one; pytest's check is conftest.py's
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device forked.run is subprocess.run: no fork")
 @pytest.mark.parametrize("threads", ["4,2", "", "four"])
 def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(threads, tmp_path):
     """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived.
@@ -88,3 +91,15 @@ def test_a_child_past_its_timeout_is_killed_and_raises_as_subprocess_does(tmp_pa
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):
         forked.run([sys.executable, "-m", "sleeper"], cwd=tmp_path, timeout=1)
+
+
+def test_where_torch_sees_a_cuda_device_it_is_subprocess_run_itself(monkeypatch, tmp_path):
+    """A fork of the server cannot use CUDA again (its imports initialised it there): five tests failed on an
+    H100 before this."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kwargs: calls.append((argv, kwargs)) or "ran")
+    cmd = [sys.executable, "-m", "pytest", "-q"]
+    assert forked.run(cmd, env={"A": "1"}, cwd=tmp_path, timeout=7) == "ran"
+    want = {"cwd": tmp_path, "env": {"A": "1"}, "capture_output": True, "text": True, "errors": "replace", "timeout": 7}
+    assert calls == [(cmd, want)]
