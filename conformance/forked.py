@@ -12,10 +12,13 @@ forked subprocess": five tests of the report and the perf run, H100, 2026-12-06)
 imports, take the time.
 
 What a fork keeps that a fresh interpreter would not: whatever the server's modules read from the environment
-when they were imported (Hugging Face's ``HF_HUB_OFFLINE``, Inductor's ``TORCHINDUCTOR_*`` but
-``TORCHINDUCTOR_COMPILE_THREADS``, which is applied here, as is ``OMP_NUM_THREADS``). A test of behaviour that
+when they were imported (Hugging Face's ``HF_HUB_OFFLINE``, Inductor's ``TORCHINDUCTOR_*``; of the child's
+environment, ``OMP_NUM_THREADS`` and ``TORCHINDUCTOR_COMPILE_THREADS`` are applied where it sets them, else the
+server's counts stay); the server's ``sys.path`` and its modules, from the server's tree whatever the working
+folder (``PYTHONPATH`` and Python's other start-up variables are not read again); and the end of a forked
+child (``os._exit`` after Python's own streams are flushed: no ``atexit`` handlers run). A test of behaviour that
 rests on a fresh interpreter (a variable read at import, a process killed mid-way, a cold start) starts one with
-``subprocess`` instead.
+``subprocess`` instead. Importing this module sets multiprocessing's forkserver preload for the whole process.
 """
 
 from __future__ import annotations
@@ -74,12 +77,16 @@ def run(
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         child = _SERVER.Process(target=_main, args=(module, args, environ, str(cwd), str(out), str(err)))
         child.start()
-        child.join(timeout)
-        if child.exitcode is None:
-            child.kill()
-            child.join()
-            raise subprocess.TimeoutExpired(argv, timeout)
+        try:
+            child.join(timeout)
+            timed_out = child.exitcode is None
+        finally:  # past the timeout, or the wait interrupted (Ctrl-C): no child outlives the call
+            if child.exitcode is None:
+                child.kill()
+                child.join()
         read = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+    if timed_out:
+        raise subprocess.TimeoutExpired(argv, timeout, output=read[0], stderr=read[1])
     return subprocess.CompletedProcess(argv, child.exitcode, *read)
 
 

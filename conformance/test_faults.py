@@ -1,8 +1,9 @@
 """The fault catalogue (conformance/faults/): the suite must reject every CPU-visible fault it plants.
 
-Each CPU fault runs in a pytest process of its own (a fork of a preloaded server), through the same
-function ``python -m conformance.faults`` uses (``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an
-error does not count). That run ignores this file. The catalogue itself is checked too: enough faults,
+Each CPU fault runs in a pytest process of its own (a fork of a preloaded server where torch sees no CUDA
+device, conformance/forked.py), through the same function ``python -m conformance.faults`` uses
+(``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an error does
+not count). That run ignores this file. The catalogue itself is checked too: enough faults,
 unique ids, known kinds and devices, patches that enter and leave, expressions that select tests.
 """
 
@@ -12,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from subprocess import CompletedProcess
 from pathlib import Path
 
 import pytest
@@ -126,13 +126,15 @@ def test_the_cli_starts_launching_faults_then_those_with_a_long_test_then_the_re
 def test_the_selection_marks_inductor_compiling_tests_long(cpu_selection):
     nodes = cpu_selection.tests["cache-key-ignores-compile-sizes"]
     assert nodes and set(nodes) <= cpu_selection.long  # its tests compile with Inductor
+    assert cpu_selection.long <= {node for nodes in cpu_selection.tests.values() for node in nodes}
     assert not cpu_selection.is_long("rope-adjacent-pairs")
 
 
 def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch):
     """Collecting the whole suite was half of each fault's run on a CPU; the -k expression still applies."""
     runs = []
-    monkeypatch.setattr(forked, "run", lambda cmd, env: runs.append(cmd[3:]) or CompletedProcess(cmd, 5, "", ""))
+    no_tests = subprocess.CompletedProcess([], 5, "", "")
+    monkeypatch.setattr(forked, "run", lambda cmd, env: runs.append(cmd[3:]) or no_tests)
     fault = CPU_FAULTS[0]
     selected = ["conformance/test_b.py::test_x[a]", "conformance/test_a.py::test_y", "conformance/test_b.py::test_z"]
     run_fault(fault, "cpu", 1, selected)

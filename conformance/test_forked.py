@@ -87,10 +87,16 @@ def test_anything_but_python_m_module_is_refused(argv):
         forked.run(argv)
 
 
-def test_a_child_past_its_timeout_is_killed_and_raises_as_subprocess_does(tmp_path):
-    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
-    with pytest.raises(subprocess.TimeoutExpired):
-        forked.run([sys.executable, "-m", "sleeper"], cwd=tmp_path, timeout=1)
+def test_a_child_past_its_timeout_is_killed_and_raises_with_its_output_as_subprocess_does(tmp_path):
+    (tmp_path / "sleeper.py").write_text(
+        "import os, sys, time\nprint(os.getpid(), flush=True)\nprint('waiting', file=sys.stderr, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        forked.run([sys.executable, "-m", "sleeper"], cwd=tmp_path, timeout=3)
+    assert expired.value.stderr == "waiting\n"
+    with pytest.raises(ProcessLookupError):  # killed, not left running
+        os.kill(int(expired.value.output), 0)
 
 
 def test_where_torch_sees_a_cuda_device_it_is_subprocess_run_itself(monkeypatch, tmp_path):

@@ -7,10 +7,10 @@ plant itself breaking) or a run that selects nothing leaves it uncaught, with th
 :func:`selected_tests` collects, in one process, the tests each fault's ``-k`` expression selects; given
 them, a fault's run collects only their files.
 
-On ``cpu`` each run is a fork of one server process per caller that has already imported torch, pytest,
-transformers, hypothesis and the reference (conformance/forked.py): those imports were 4-5 s of a fault's
-5 s on a 2-core machine. On ``cuda`` each run is a fresh interpreter: a fork must never inherit a CUDA
-context, and there the tests, not the imports, take the time.
+On ``cpu``, where torch sees no CUDA device, each run is a fork of one server process per caller that has
+already imported torch, pytest, transformers, hypothesis and the reference (conformance/forked.py): those
+imports were 4-5 s of a fault's 5 s on a 2-core machine. On ``cuda``, or with a CUDA device present, each run
+is a fresh interpreter: a forked child cannot use CUDA there, and the tests, not the imports, take the time.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def run_fault(
 
 
 def _run(device: str, cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``cmd`` (``python -m pytest ...``) with ``env``, from ``ROOT``: forked on ``cpu``, a fresh interpreter on
-    ``cuda``."""
+    """``cmd`` (``python -m pytest ...``) with ``env``, from ``ROOT``: on ``cpu`` through ``forked.run`` (a fork
+    where torch sees no CUDA device), on ``cuda`` a fresh interpreter."""
     if device == "cpu":
         return forked.run(cmd, env=env)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, errors="replace")
