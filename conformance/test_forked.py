@@ -87,6 +87,7 @@ def test_anything_but_python_m_module_is_refused(argv):
         forked.run(argv)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device forked.run is subprocess.run: no fork")
 def test_a_child_past_its_timeout_is_killed_and_raises_with_its_output_as_subprocess_does(tmp_path):
     (tmp_path / "sleeper.py").write_text(
         "import os, sys, time\nprint(os.getpid(), flush=True)\nprint('waiting', file=sys.stderr, flush=True)\n"
