@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import backend, split
+from reference.compilation import backend, breakable, cuda_graph, split
 from reference.compilation import compile_piece as compile_piece_module
 from reference.compilation.compile_piece import SizeDispatch
 from reference.compilation.counters import compilation_counter
@@ -137,5 +138,19 @@ FAULTS = [
         "capture size, also in steps sent to a full graph or to none",
         plant=patches(mock.patch.object(PartitionGraph, "__call__", _partition_graphs_in_every_step)),
         tests="a_partition_runs_as_compiled_where_no_graph_of_it_is_due",
+    ),
+    Fault(
+        id="collector-runs-during-capture",
+        kind="capture",
+        description="Python's garbage collector stays on while a CUDA graph is captured, so a collection there "
+        "destroys an earlier model's graph left in a dead reference cycle, a CUDA call that invalidates the capture "
+        "under way (the default 'global' capture error mode forbids it to the whole process); a CPU test captures "
+        "with stand-in graphs",
+        plant=patches(
+            mock.patch.object(cuda_graph, "collection_paused", contextlib.nullcontext),
+            mock.patch.object(breakable, "collection_paused", contextlib.nullcontext),
+        ),
+        tests="dead_graph",
+        bug="https://github.com/pytorch/pytorch/pull/161037",
     ),
 ]

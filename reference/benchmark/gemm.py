@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from reference.compilation.cuda_graph import collection_paused
 from reference.models import registry
 from reference.models.llama import head_dim
 
@@ -76,11 +77,12 @@ def weight_copies(weight_bytes: int, device: torch.device) -> int:
 
 def captured(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
     """``run`` run once eagerly (it compiles its kernels and makes what they keep between launches, such as the
-    small-M kernel's ticket counters), then captured in a CUDA graph, which is returned."""
+    small-M kernel's ticket counters), then captured in a CUDA graph with no garbage collection during the capture
+    (:func:`~reference.compilation.cuda_graph.collection_paused`), which is returned."""
     run()
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collection_paused(), torch.cuda.graph(graph):
         run()
     return graph
 

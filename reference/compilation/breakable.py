@@ -25,7 +25,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from reference.compilation.counters import compilation_counter
-from reference.compilation.cuda_graph import WarmUpCount, addresses_of, check_addresses, in_full_graph, non_owning
+from reference.compilation.cuda_graph import (
+    WarmUpCount,
+    addresses_of,
+    check_addresses,
+    collection_paused,
+    in_full_graph,
+    non_owning,
+)
 from reference.compilation.split import is_splitting_op, op_name
 from reference.config import ConfigError
 from reference.ops.library import SPLITTING_TAG, direct_call
@@ -170,7 +177,7 @@ class BreakableCUDAGraphs:
             return result
 
         self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(self._stream), collection_paused():  # no finalizer destroys a graph mid-capture
             begin()
             try:
                 with _BreakAtSplittingOps(self.splitting_ops, on_split):

@@ -18,11 +18,16 @@ Inputs. A graph reads its inputs from the addresses they had at capture. Model i
 from the runner's static buffers, parameters must not be reassigned, and intermediate inputs (outputs of
 earlier pieces, attention's preallocated output) are pool memory. ``debug_cudagraph_addresses`` checks
 this on every replay.
+
+Garbage collection. No automatic collection runs while a graph is being captured (:func:`collection_paused`):
+a collection finalises dead reference cycles, an earlier model's graph among them, and destroying a graph is
+a CUDA call that invalidates a capture under way in torch's default ``'global'`` error mode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -54,16 +59,40 @@ def in_full_graph() -> bool:
     return _InsideFullGraph.active
 
 
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """Run the block (a capture) with Python's automatic garbage collection off, then restore it as it was.
+
+    Why: a collection calls the finalizers of the dead reference cycles it finds. If one holds a
+    ``torch.cuda.CUDAGraph`` (an earlier model's, dropped in a cycle), the graph is destroyed there, and that
+    CUDA call is forbidden to the whole process while a capture in the default ``'global'`` error mode is under
+    way: the capture fails ("operation not permitted when stream is capturing", then "operation failed due to a
+    previous error during capture" at its next launch). ``torch.cuda.graph`` collected before each capture
+    until torch 2.9 and no longer does (pytorch PRs #158193 and #158649; the failure they caused: pytorch
+    #161037, NVIDIA/TransformerEngine #2092); this module calls ``capture_begin`` itself. An explicit
+    ``gc.collect()`` inside the block still collects. Garbage made in the block waits for the next collection
+    after it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") -> tuple["torch.cuda.CUDAGraph", Any]:
     """Capture ``fn(*args)`` into a new graph in memory pool ``pool`` on side stream ``stream``, then
-    replay it once (capture only records kernels) so the returned output holds this call's values.
+    replay it once (capture only records kernels) so the returned output holds this call's values. No
+    garbage collection runs during the capture (:func:`collection_paused`).
 
     Returns:
         The graph and ``fn``'s output (owning tensors, in pool memory).
     """
     graph = torch.cuda.CUDAGraph()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), collection_paused():
         graph.capture_begin(pool=pool)
         try:
             output = fn(*args)
