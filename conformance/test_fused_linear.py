@@ -34,6 +34,7 @@ from reference.ops import (
 from reference.ops import fused_linear
 from reference.ops.fused_linear import norm_gate_up
 from reference.ops.library import HAS_TRITON
+from reference.ops.linear_configs import MAX_ROWS
 from reference.parallel import ColumnParallelLinear, RowParallelLinear
 
 pytestmark = pytest.mark.requires("components")
@@ -221,14 +222,16 @@ def test_each_layer_runs_the_ops_the_selection_names(model_name, custom_ops, exp
     assert {name: n for name, n in recorder.calls.items() if name not in skipped} == expected(layers)
 
 
+@pytest.mark.parametrize("rows", [fused_linear.KERNEL_MAX_ROWS + 1, MAX_ROWS + 1], ids=["batch-17", "prefill-65"])
 @pytest.mark.parametrize("norm_style", [None, "llama", "gemma"])
 @pytest.mark.parametrize("epilogue", ["none", "residual", "silu_and_mul", "gelu_tanh_and_mul"])
-def test_a_prefills_cuda_path_composes_the_ops_the_reference_composes(norm_style, epilogue):
-    """Above 64 rows the CUDA implementation runs the norm and activation ops around ``F.linear``; its host
-    logic runs on CPU tensors too, where those ops run their references: the reference's bits."""
+def test_above_16_rows_the_cuda_path_composes_the_ops_the_reference_composes(rows, norm_style, epilogue):
+    """Above ``KERNEL_MAX_ROWS`` (16) the CUDA implementation runs the norm and activation ops around
+    ``F.linear``; its host logic runs on CPU tensors too, where those ops run their references: the reference's
+    bits. 17 rows is the least such step, a batch the small-M kernel could still take (it takes up to 64)."""
     gen = torch.Generator().manual_seed(9)
-    x, weight = torch.randn(65, 32, generator=gen), torch.randn(48, 32, generator=gen)
-    residual = torch.randn(65, 48, generator=gen) if epilogue == "residual" else None
+    x, weight = torch.randn(rows, 32, generator=gen), torch.randn(48, 32, generator=gen)
+    residual = torch.randn(rows, 48, generator=gen) if epilogue == "residual" else None
     norm = (None, 0.0, 0.0)
     if norm_style is not None:
         norm = (torch.randn(32, generator=gen), 1e-6, float(norm_style == "gemma"))
@@ -239,17 +242,17 @@ def test_a_prefills_cuda_path_composes_the_ops_the_reference_composes(norm_style
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
-@pytest.mark.parametrize("tokens", [8, 65], ids=["small-m-kernel", "prefill-unfused-kernels"])
-def test_on_cuda_a_prefill_runs_the_unfused_kernels_and_a_decode_the_fused_one(tokens):
-    """Above 64 rows the op composes today's kernels (the same bits as the unfused layers); at most 64 it runs
-    the small-M kernel, within twice the unfused code's own error against float64."""
+@pytest.mark.parametrize("tokens", [8, 16, 17, 65], ids=["8-small-m-kernel", "16-small-m-kernel", "17-unfused", "65"])
+def test_on_cuda_a_step_above_16_rows_runs_the_unfused_kernels_and_a_smaller_one_the_fused_one(tokens):
+    """Above ``KERNEL_MAX_ROWS`` (16) the op composes today's kernels (the same bits as the unfused layers); at
+    most 16 it runs the small-M kernel, within twice the unfused code's own error against float64."""
     from conformance.test_linear_kernels import _assert_within_twice_torchs_error
 
     norm, gate_up, _, hidden, residual = _operands(torch.bfloat16, seed=6, t=tokens)
     norm, gate_up, hidden, residual = norm.cuda(), gate_up.cuda(), hidden.cuda(), residual.cuda()
     fused, stream = RMSNormLinear(BOTH).forward_custom(hidden, residual, norm, gate_up)
     unfused, _ = RMSNormLinear(BOTH).forward_native(hidden, residual, norm, gate_up)
-    if tokens > 64:
+    if tokens > fused_linear.KERNEL_MAX_ROWS:
         torch.testing.assert_close(fused, unfused, **EXACT)
     else:
         nw = (norm.weight, norm.eps, norm.weight_offset)

@@ -8,9 +8,11 @@ residual add behind (issue 24). Three custom ops, each its own switch in ``custo
 All three are opt-in (``'+name'``; ``'all'`` leaves them off): with the kernel's untuned configs the fused
 layer chain measured slower than the unfused one on the H200 (perf/NOTES.md, v23). Each is one
 ``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it replaces; on
-CUDA with Triton, a step of at most ``MAX_ROWS`` tokens runs the small-M kernel of
+CUDA with Triton, a step of at most ``KERNEL_MAX_ROWS`` (16) tokens runs the small-M kernel of
 :mod:`reference.ops.linear_kernels` (norm and activation in one launch where both switches are on at
-gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS). Where its switch is
+gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS): the kernel takes up
+to 64 rows, but at 64 the fused layer chain measured slower than the unfused one on both GPUs tried, tuned or
+not, while at 1-16 rows it is faster (perf/NOTES.md v26, v33). Where its switch is
 off a place runs the unfused ops, so each fusion can be measured alone (perf/NOTES.md).
 
 The residual stream. Layers carry it as ``(hidden, residual)`` with the add deferred into the next norm (the
@@ -37,11 +39,11 @@ from reference.ops.activation import (
 from reference.ops.custom_op import CustomOp
 from reference.ops.layernorm import RMSNorm, rms_norm_op, rms_norm_reference
 from reference.ops.library import HAS_TRITON, define_op
-from reference.ops.linear_configs import MAX_ROWS
 
 if HAS_TRITON:
     from reference.ops import linear_kernels
 
+KERNEL_MAX_ROWS = 16  # the largest step the fused ops give the small-M kernel (module doc); at most MAX_ROWS
 _ACTIVATIONS = {"silu_and_mul": silu_and_mul_reference, "gelu_tanh_and_mul": gelu_tanh_and_mul_reference}
 _ACTIVATION_OPS = {"silu_and_mul": silu_and_mul_op, "gelu_tanh_and_mul": gelu_tanh_and_mul_op}  # Triton on CUDA
 EPILOGUES = ("none", "residual", *_ACTIVATIONS)
@@ -84,7 +86,7 @@ def _composed(norm, activations, x, weight, norm_weight, eps, weight_offset, epi
 
 
 def _fused_linear_cuda(x, weight, norm_weight, eps, weight_offset, epilogue, residual):
-    if x.shape[0] > MAX_ROWS:  # a prefill: today's kernels around cuBLAS, which the small-M kernel is not for
+    if x.shape[0] > KERNEL_MAX_ROWS:  # a larger batch or a prefill: today's kernels around cuBLAS (module doc)
         return _composed(rms_norm_op, _ACTIVATION_OPS, x, weight, norm_weight, eps, weight_offset, epilogue, residual)
     norm = None if norm_weight is None else (norm_weight, eps, weight_offset)
     return linear_kernels.small_m_linear(x, weight, epilogue=epilogue, residual=residual, norm=norm)
