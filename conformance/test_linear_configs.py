@@ -117,7 +117,21 @@ def test_writing_the_winners_keeps_other_gpus_and_shapes_and_records_the_run(tmp
     doc = read_table(path)
     assert doc["gpus"]["NVIDIA H100"] == other["gpus"]["NVIDIA H100"]
     assert doc["gpus"][GPU]["4096 x 4096"] == {"64": CONFIG, "16": {**CONFIG, "SPLIT_K": 4, "us": 12.35}}
-    assert doc["runs"] == {"NVIDIA H100": {"date": "2026-12-01"}, GPU: {"gpu": GPU, "date": "2026-12-05"}}
+    assert doc["runs"] == {"NVIDIA H100": [{"date": "2026-12-01"}], GPU: [{"gpu": GPU, "date": "2026-12-05"}]}
+
+
+def test_a_second_write_for_the_same_gpu_keeps_the_first_runs_record(tmp_path):
+    """Each run's record (command, commit, date) names the shapes and tiles it swept. A later run that sweeps
+    other shapes keeps the earlier shapes' configs, so it must keep their record too; on 2026-12-06 the
+    Qwen3 and Gemma 3 sweep replaced the record of the 8B's sweep on the H100, whose configs stayed."""
+    path = tmp_path / "linear_configs.json"
+    first = {("4096 x 4096", 16): {"triton": {"config": CONFIG, "us": 12.0}}}
+    second = {("2560 x 2048", 16): {"triton": {"config": CONFIG, "us": 7.0}}}
+    tune_gemm.write_configs(first, {"gpu": GPU, "command": "--model llama-3.1-8b"}, path)
+    tune_gemm.write_configs(second, {"gpu": GPU, "command": "--model gemma-3-4b"}, path)
+    doc = read_table(path)
+    assert set(doc["gpus"][GPU]) == {"4096 x 4096", "2560 x 2048"}
+    assert doc["runs"][GPU] == [{"gpu": GPU, "command": "--model llama-3.1-8b"}, {"gpu": GPU, "command": "--model gemma-3-4b"}]
 
 
 def test_the_winner_is_the_fastest_config_that_launched():

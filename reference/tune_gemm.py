@@ -174,8 +174,9 @@ def table(winners: dict) -> str:
 
 
 def write_configs(winners: dict, env: dict, path: Path) -> None:
-    """Merge the winners into the config file under ``env['gpu']`` (module doc of reference.ops.linear_configs);
-    written whole, through a temporary file."""
+    """Merge the winners into the config file under ``env['gpu']`` (module doc of reference.ops.linear_configs)
+    and append ``env``, this run's record, to the GPU's runs: configs of earlier runs that this one did not
+    sweep stay, and so does the record saying how they were made. Written whole, through a temporary file."""
     from reference.benchmark.report import write_whole
     from reference.ops.linear_configs import read_table
 
@@ -184,7 +185,9 @@ def write_configs(winners: dict, env: dict, path: Path) -> None:
     for (shape, tile), slot in winners.items():
         if "triton" in slot:
             gpu.setdefault(shape, {})[str(tile)] = {**slot["triton"]["config"], "us": round(slot["triton"]["us"], 2)}
-    doc["runs"][env["gpu"]] = env
+    runs = {name: [record] if isinstance(record, dict) else record for name, record in doc["runs"].items()}
+    runs.setdefault(env["gpu"], []).append(env)  # (a GPU's record was one dict, the last run's, until 2026-12-06)
+    doc["runs"] = runs
     write_whole(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 

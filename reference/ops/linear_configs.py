@@ -1,12 +1,12 @@
 """The small-M GEMM's launch configs tuned per GPU and weight shape, and the lookup the kernel makes.
 
 ``python -m reference.tune_gemm --write`` times each config of a sweep on the GPU it runs on and keeps the
-fastest per (weight shape, row tile) in ``linear_configs.json`` beside this module, with the run that chose
-it (GPU, torch, date, command). :func:`tuned_config` reads that table; a shape or GPU it has no entry for gets
+fastest per (weight shape, row tile) in ``linear_configs.json`` beside this module, with a record of each run
+that wrote there (GPU, torch, date, command: the command names the models and rows it swept). :func:`tuned_config` reads that table; a shape or GPU it has no entry for gets
 :func:`reference.ops.linear_kernels.default_config`'s heuristic. Imports no Triton.
 
 File layout: ``{"gpus": {GPU name: {"N x K" or "N x K gated": {row tile: {"BLOCK_N", "BLOCK_K", "SPLIT_K",
-"num_warps", "us"}}}}, "runs": {GPU name: {"torch", "triton", "date", "command", "commit"}}}``, row tiles
+"num_warps", "us"}}}}, "runs": {GPU name: [{"torch", "triton", "date", "command", "commit"}, ...]}}``, row tiles
 ``"16"``, ``"32"``, ``"64"`` (the kernel's BLOCK_M: the rows padded to a power of two, at least 16).
 """
 
