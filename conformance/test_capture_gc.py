@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ class _StandInGraph:
     """``torch.cuda.CUDAGraph``'s capture calls, recording whether a stand-in was destroyed mid-capture."""
 
     capturing = False
-    destroyed: list[bool] = []  # one entry per destroyed stand-in: was a capture under way?
+    destroyed: list[bool] = []  # one entry per destroyed stand-in (the dead one, or a capture's own): capturing?
 
     def capture_begin(self, pool=None):
         _StandInGraph.capturing = True
@@ -90,23 +91,38 @@ class _StandInStream:
 
 @pytest.fixture
 def stand_in_cuda(monkeypatch):
-    """``capture_graph``'s CUDA calls replaced by stand-ins, so its capture runs on any device."""
+    """The CUDA calls of ``capture_graph`` and of a breakable capture replaced by stand-ins, so their captures
+    run on any device."""
     _StandInGraph.capturing, _StandInGraph.destroyed = False, []
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _StandInGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", _StandInStream)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _StandInStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
 
 
+def _dead_stand_in() -> weakref.ref:
+    """A stand-in graph dropped in a reference cycle; a weak reference that says whether it still exists."""
+    graph = _StandInGraph()
+    _drop_in_a_cycle(graph)
+    return weakref.ref(graph)
+
+
+def _assert_collected_after_the_capture_only(dead: weakref.ref) -> None:
+    assert True not in _StandInGraph.destroyed, "a graph was destroyed while a capture was under way"
+    assert dead() is not None
+    gc.collect()  # the cycle was collectable all along: it goes now, outside any capture
+    assert dead() is None
+    assert gc.isenabled()
+
+
 def test_a_dead_graph_is_not_collected_while_capture_graph_captures(collector, stand_in_cuda):
-    _drop_in_a_cycle(_StandInGraph())
+    dead = _dead_stand_in()
 
     graph, output = capture_graph(lambda x: (_collect_if_enabled(), x + 1)[1], (torch.ones(2),), None, _StandInStream())
 
     assert torch.equal(output, torch.full((2,), 2.0))
-    assert _StandInGraph.destroyed == [], "the dead graph was destroyed while the capture was under way"
-    gc.collect()  # the cycle was collectable all along: it goes now, outside any capture
-    assert _StandInGraph.destroyed == [False]
-    assert gc.isenabled()
+    _assert_collected_after_the_capture_only(dead)
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["collector-on", "collector-off"])
@@ -122,6 +138,37 @@ def test_capture_graph_leaves_the_collector_as_it_found_it(enabled, raises, coll
         capture_graph(fn, (), None, _StandInStream())
     assert gc.isenabled() == enabled
     assert _StandInGraph.capturing is False  # capture_end ran on the error path too
+
+
+def _breakable_capture(forward, x: torch.Tensor):
+    """A breakable capture of ``forward`` at ``x``'s size, called directly: on a CPU ``BreakableCUDAGraphs``
+    itself runs a CPU tensor without graphs."""
+    graphs = BreakableCUDAGraphs(forward, SILLY_SPLITTING_OPS, capture_sizes=(4,), num_warmups=0, debug_addresses=False)
+    return graphs._capture(x.shape[0], (x,))
+
+
+def test_a_dead_graph_is_not_collected_while_breakable_segments_are_captured(collector, stand_in_cuda):
+    model, x = SillyModel(), torch.randn(4, 8)
+    dead = _dead_stand_in()
+
+    output = _breakable_capture(lambda t: (_collect_if_enabled(), model(t))[1], x)
+
+    torch.testing.assert_close(output, expected_output(x))  # three segments and two eager ops ran
+    _assert_collected_after_the_capture_only(dead)
+
+
+def test_a_breakable_capture_that_raises_leaves_the_collector_on(collector, stand_in_cuda):
+    model = SillyModel()
+
+    def forward(t):  # fails between the first segment and the second
+        assert not gc.isenabled()
+        model(t)
+        raise ValueError("the model failed mid-capture")
+
+    with pytest.raises(ValueError, match="mid-capture"):
+        _breakable_capture(forward, torch.randn(4, 8))
+    assert gc.isenabled()
+    assert _StandInGraph.capturing is False  # the open segment's capture was ended
 
 
 # ---------------------------------------------------------------------- CUDA: real graphs

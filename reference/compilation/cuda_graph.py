@@ -71,7 +71,8 @@ def collection_paused() -> Iterator[None]:
     until torch 2.9 and no longer does (pytorch PRs #158193 and #158649; the failure they caused: pytorch
     #161037, NVIDIA/TransformerEngine #2092); this module calls ``capture_begin`` itself. An explicit
     ``gc.collect()`` inside the block still collects. Garbage made in the block waits for the next collection
-    after it.
+    after it. The collector's switch is the process's: this expects one capturing thread (two threads capturing
+    at once could switch it back on while the other still captures; nothing here captures on two threads).
     """
     enabled = gc.isenabled()
     gc.disable()
