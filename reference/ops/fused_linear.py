@@ -5,15 +5,15 @@ residual add behind (issue 24). Three custom ops, each its own switch in ``custo
 * ``linear_activation``: gate_up_proj, then the gated activation (SiLU or GELU(tanh)-and-mul).
 * ``linear_residual_add``: o_proj or down_proj, then the residual add.
 
-All three are opt-in (``'+name'``; ``'all'`` leaves them off): with the kernel's untuned configs the fused
-layer chain measured slower than the unfused one on the H200 (perf/NOTES.md, v23). Each is one
+All three are opt-in (``'+name'``; ``'all'`` leaves them off): with tuned configs they make the decode step
+of Llama-3.1-8B and Qwen3-8B faster and Gemma 3 4B's slower (perf/NOTES.md v33). Each is one
 ``reference::fused_linear`` op (:data:`fused_linear_op`) whose reference is the torch code it replaces; on
 CUDA with Triton, a step of at most ``KERNEL_MAX_ROWS`` (16) tokens runs the small-M kernel of
 :mod:`reference.ops.linear_kernels` (norm and activation in one launch where both switches are on at
-gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS): the kernel takes up
-to 64 rows, but at 64 the fused layer chain measured slower than the unfused one on both GPUs tried, tuned or
-not, while at 1-16 rows it is faster (perf/NOTES.md v26, v33). Where its switch is
-off a place runs the unfused ops, so each fusion can be measured alone (perf/NOTES.md).
+gate_up_proj), a larger one today's ops (the norm and activation kernels around cuBLAS). The kernel takes up
+to 64 rows, but at 64 the 8B's fused layer chain measured slower than the unfused one (H200 untuned, H100
+tuned), at 1 and 8 rows faster (perf/NOTES.md v26, v33); 9-63 rows were not timed. Where its switch is off
+a place runs the unfused ops, so each fusion can be measured alone.
 
 The residual stream. Layers carry it as ``(hidden, residual)`` with the add deferred into the next norm (the
 pre-norm decoder's usual trick, :class:`~reference.models.llama.LlamaDecoderLayer`): the stream is
