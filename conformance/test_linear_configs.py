@@ -116,22 +116,42 @@ def test_writing_the_winners_keeps_other_gpus_and_shapes_and_records_the_run(tmp
     tune_gemm.write_configs(winners, {"gpu": GPU, "date": "2026-12-05"}, path)
     doc = read_table(path)
     assert doc["gpus"]["NVIDIA H100"] == other["gpus"]["NVIDIA H100"]
-    assert doc["gpus"][GPU]["4096 x 4096"] == {"64": CONFIG, "16": {**CONFIG, "SPLIT_K": 4, "us": 12.35}}
+    tuned = {**CONFIG, "SPLIT_K": 4, "us": 12.35, "run": "2026-12-05"}
+    assert doc["gpus"][GPU]["4096 x 4096"] == {"64": CONFIG, "16": tuned}
+    # the other GPU's record, a dict as files before 2026-12-06 kept it, reads as a list of one
     assert doc["runs"] == {"NVIDIA H100": [{"date": "2026-12-01"}], GPU: [{"gpu": GPU, "date": "2026-12-05"}]}
 
 
 def test_a_second_write_for_the_same_gpu_keeps_the_first_runs_record(tmp_path):
-    """Each run's record (command, commit, date) names the shapes and tiles it swept. A later run that sweeps
-    other shapes keeps the earlier shapes' configs, so it must keep their record too; on 2026-12-06 the
-    Qwen3 and Gemma 3 sweep replaced the record of the 8B's sweep on the H100, whose configs stayed."""
+    """A later run that sweeps other shapes keeps the earlier shapes' configs, so it must keep their record
+    (command, commit, date) too, and each config names its run: on 2026-12-06 the Qwen3 and Gemma 3 sweep
+    replaced the record of the 8B's sweep on the H100, whose configs stayed (two shapes of the 16-row tile,
+    Qwen3's too, it made anew)."""
     path = tmp_path / "linear_configs.json"
-    first = {("4096 x 4096", 16): {"triton": {"config": CONFIG, "us": 12.0}}}
-    second = {("2560 x 2048", 16): {"triton": {"config": CONFIG, "us": 7.0}}}
-    tune_gemm.write_configs(first, {"gpu": GPU, "command": "--model llama-3.1-8b"}, path)
-    tune_gemm.write_configs(second, {"gpu": GPU, "command": "--model gemma-3-4b"}, path)
+    first = {("4096 x 4096", 16): {"triton": {"config": CONFIG, "us": 12.0}},
+             ("6144 x 4096", 16): {"triton": {"config": CONFIG, "us": 20.0}}}  # fmt: skip
+    second = {("6144 x 4096", 16): {"triton": {"config": CONFIG, "us": 21.0}}}
+    llama = {"gpu": GPU, "date": "2026-12-06T07:30:30+00:00", "command": "--model llama-3.1-8b"}
+    qwen = {"gpu": GPU, "date": "2026-12-06T07:36:00+00:00", "command": "--model qwen3-8b"}
+    tune_gemm.write_configs(first, llama, path)
+    tune_gemm.write_configs(second, qwen, path)
     doc = read_table(path)
-    assert set(doc["gpus"][GPU]) == {"4096 x 4096", "2560 x 2048"}
-    assert doc["runs"][GPU] == [{"gpu": GPU, "command": "--model llama-3.1-8b"}, {"gpu": GPU, "command": "--model gemma-3-4b"}]
+    assert doc["runs"][GPU] == [llama, qwen]
+    assert doc["gpus"][GPU]["4096 x 4096"]["16"]["run"] == llama["date"]
+    assert doc["gpus"][GPU]["6144 x 4096"]["16"] == {**CONFIG, "us": 21.0, "run": qwen["date"]}
+
+
+@pytest.mark.parametrize("records", [None, "2026-12-06", [{"date": "2026-12-06"}, "2026-12-06"]])
+def test_a_gpus_runs_that_are_no_records_are_refused_naming_the_file_and_gpu(records, table_file, monkeypatch):
+    """Before a sweep, not after it: tune_gemm --write reads the table first, before it looks for Triton or
+    a GPU (a record that is no dict made the merge fail with an AttributeError after the whole sweep)."""
+    table_file.write_text(json.dumps({"gpus": {}, "runs": {GPU: records}}))
+    refusal = rf"linear_configs.json: runs / {GPU}: expected a list of run records"
+    with pytest.raises(ValueError, match=refusal):
+        read_table(table_file)
+    monkeypatch.setattr(tune_gemm, "sweep", lambda args: pytest.fail("swept before reading the table"))
+    with pytest.raises(ValueError, match=refusal):
+        tune_gemm.main(["--model", "llama-tiny", "--write"])
 
 
 def test_the_winner_is_the_fastest_config_that_launched():

@@ -174,9 +174,14 @@ def table(winners: dict) -> str:
 
 
 def write_configs(winners: dict, env: dict, path: Path) -> None:
-    """Merge the winners into the config file under ``env['gpu']`` (module doc of reference.ops.linear_configs)
-    and append ``env``, this run's record, to the GPU's runs: configs of earlier runs that this one did not
-    sweep stay, and so does the record saying how they were made. Written whole, through a temporary file."""
+    """Merge the winners into the config file under ``env['gpu']`` (module doc of reference.ops.linear_configs),
+    each naming this run by ``env['date']``, and append ``env``, this run's record, to the GPU's runs: configs
+    of earlier runs that this one did not sweep stay, and so does the record saying how they were made.
+    Written whole, through a temporary file.
+
+    Raises:
+        ValueError: the file is damaged (:func:`~reference.ops.linear_configs.read_table`).
+    """
     from reference.benchmark.report import write_whole
     from reference.ops.linear_configs import read_table
 
@@ -184,10 +189,9 @@ def write_configs(winners: dict, env: dict, path: Path) -> None:
     gpu = doc["gpus"].setdefault(env["gpu"], {})
     for (shape, tile), slot in winners.items():
         if "triton" in slot:
-            gpu.setdefault(shape, {})[str(tile)] = {**slot["triton"]["config"], "us": round(slot["triton"]["us"], 2)}
-    runs = {name: [record] if isinstance(record, dict) else record for name, record in doc["runs"].items()}
-    runs.setdefault(env["gpu"], []).append(env)  # (a GPU's record was one dict, the last run's, until 2026-12-06)
-    doc["runs"] = runs
+            config = {**slot["triton"]["config"], "us": round(slot["triton"]["us"], 2), "run": env["date"]}
+            gpu.setdefault(shape, {})[str(tile)] = config
+    doc["runs"].setdefault(env["gpu"], []).append(env)
     write_whole(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
@@ -201,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--write keeps a GPU's timings; the interpreter's say nothing about any GPU")
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--device cpu runs the kernel under Triton's interpreter: set TRITON_INTERPRET=1")
+    from reference.ops.linear_configs import CONFIG_FILE, read_table
+
+    if args.write:
+        read_table(CONFIG_FILE)  # a damaged file is refused now, not after the sweep's minutes
     import torch
 
     from reference.ops.library import HAS_TRITON
@@ -210,8 +218,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     from reference.benchmark.machine import source_commit
-    from reference.ops.linear_configs import CONFIG_FILE
-
     rows = sweep(args)
     winners = best(rows)
     print(table(winners))

@@ -2,12 +2,15 @@
 
 ``python -m reference.tune_gemm --write`` times each config of a sweep on the GPU it runs on and keeps the
 fastest per (weight shape, row tile) in ``linear_configs.json`` beside this module, with a record of each run
-that wrote there (GPU, torch, date, command: the command names the models and rows it swept). :func:`tuned_config` reads that table; a shape or GPU it has no entry for gets
+that wrote there (GPU, torch, date, command, commit), oldest first; each config names the run that chose it
+by the run's date. :func:`tuned_config` reads that table; a shape or GPU it has no entry for gets
 :func:`reference.ops.linear_kernels.default_config`'s heuristic. Imports no Triton.
 
 File layout: ``{"gpus": {GPU name: {"N x K" or "N x K gated": {row tile: {"BLOCK_N", "BLOCK_K", "SPLIT_K",
-"num_warps", "us"}}}}, "runs": {GPU name: [{"torch", "triton", "date", "command", "commit"}, ...]}}``, row tiles
-``"16"``, ``"32"``, ``"64"`` (the kernel's BLOCK_M: the rows padded to a power of two, at least 16).
+"num_warps", "us", "run"}}}}, "runs": {GPU name: [{"torch", "triton", "date", "command", "commit"}, ...]}}``,
+row tiles ``"16"``, ``"32"``, ``"64"`` (the kernel's BLOCK_M: the rows padded to a power of two, at least 16);
+``"us"`` (the config's microseconds in its run) and ``"run"`` (that run's ``"date"``) are optional: files
+written before 2026-12-06 have no ``"run"``, and kept one record per GPU, a dict, not a list.
 """
 
 from __future__ import annotations
@@ -40,11 +43,11 @@ def check_config(config: object, where: str) -> dict[str, int]:
     """``config`` as a launch config, checked.
 
     Raises:
-        ValueError: not a dict of exactly ``CONFIG_KEYS`` (plus an optional ``us``), BLOCK_N and BLOCK_K not
+        ValueError: not a dict of exactly ``CONFIG_KEYS`` (plus optional ``us`` and ``run``), BLOCK_N and BLOCK_K not
             powers of two from 16 to ``MAX_BLOCK``, SPLIT_K not an int from 1 to ``MAX_SPLIT_K``, num_warps not
             one of ``WARPS``; the message starts with ``where``.
     """
-    if not isinstance(config, dict) or set(config) - {"us"} != set(CONFIG_KEYS):
+    if not isinstance(config, dict) or set(config) - {"us", "run"} != set(CONFIG_KEYS):
         raise ValueError(f"{where}: expected a dict of {list(CONFIG_KEYS)}, got {config!r}")
     values = {key: config[key] for key in CONFIG_KEYS}
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
@@ -60,10 +63,12 @@ def check_config(config: object, where: str) -> dict[str, int]:
 
 
 def read_table(path: Path | None = None) -> dict:
-    """The whole file (module doc; default ``CONFIG_FILE``), ``{"gpus": {}, "runs": {}}`` where there is none.
+    """The whole file (module doc; default ``CONFIG_FILE``), ``{"gpus": {}, "runs": {}}`` where there is none;
+    each GPU's runs as a list (an older file's single record becomes a list of one).
 
     Raises:
-        ValueError: not JSON, or an entry that is not a config (:func:`check_config`), naming the file and entry.
+        ValueError: not JSON, an entry that is not a config (:func:`check_config`), or a GPU's runs that are
+            neither a record (a dict) nor a list of them, naming the file and entry.
     """
     path = CONFIG_FILE if path is None else path
     if not path.exists():
@@ -80,6 +85,11 @@ def read_table(path: Path | None = None) -> dict:
                 if tile not in {str(t) for t in ROW_TILES}:
                     raise ValueError(f"{path}: {gpu} / {shape}: row tile {tile!r} is not one of {list(ROW_TILES)}")
                 check_config(config, f"{path}: {gpu} / {shape} / {tile}")
+    for gpu, records in doc["runs"].items():
+        records = [records] if isinstance(records, dict) else records
+        if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+            raise ValueError(f"{path}: runs / {gpu}: expected a list of run records (dicts), got {records!r}")
+        doc["runs"][gpu] = records
     return doc
 
 
