@@ -214,13 +214,14 @@ def test_inductors_cache_keys_a_compile_with_partition_wrappers_apart_from_one_w
     assert outcomes == ["miss", "hit", "miss"]
 
 
+# rms_norm returns its result: between two partitions' graphs it would live at an address the next graph does
+# not follow. Refused as the FX split refuses it (before Inductor compiles anything); without graphs it may run.
+CUT_AT_A_RETURNING_OP = dict(custom_ops=["all"], splitting_ops=["reference::attention", "reference::rms_norm"],
+                             use_inductor_graph_partition=True)  # fmt: skip
+
+
 def test_an_op_inductor_cuts_at_must_write_into_buffers_under_piecewise_graphs(impl):
-    """rms_norm returns its result: between two partitions' graphs it would live at an address the next graph
-    does not follow. Refused as the FX split refuses it; without graphs it may run."""
-    hf = small_llama_config(num_hidden_layers=1)
-    fields = dict(custom_ops=["all"], splitting_ops=["reference::attention", "reference::rms_norm"],
-                  use_inductor_graph_partition=True)  # fmt: skip
-    runner = make_runner(impl, "inductor", hf, **fields)
+    runner = make_runner(impl, "inductor", small_llama_config(num_hidden_layers=1), **CUT_AT_A_RETURNING_OP)
     with pytest.raises(ConfigError) as err:
         runner.warm_up()
     assert str(err.value) == (
@@ -228,7 +229,11 @@ def test_an_op_inductor_cuts_at_must_write_into_buffers_under_piecewise_graphs(i
         "an op Inductor cuts at must write into buffers it is given (as reference::attention does), or use "
         "cudagraph_mode='none'"
     )
-    make_runner(impl, "inductor", hf, cudagraph_mode="none", **fields).warm_up()
+
+
+def test_without_graphs_inductor_may_cut_at_an_op_that_returns_tensors(impl):
+    hf = small_llama_config(num_hidden_layers=1)
+    make_runner(impl, "inductor", hf, cudagraph_mode="none", **CUT_AT_A_RETURNING_OP).warm_up()
 
 
 def test_naming_an_op_the_graph_lacks_is_no_warning_where_inductor_still_cuts_at_attention(impl, recwarn):

@@ -61,8 +61,10 @@ def test_every_module_mutates_existing_files_and_names_existing_test_files(name)
     module = MODULES[name]
     for pattern in module.sources:
         assert glob.glob(str(ROOT / pattern)), f"{name}: {pattern} matches no file"
-    for test_file in module.tests:
+    for tests in module.tests:
+        test_file, _, test = tests.partition("::")  # a file, or one test of it by node id
         assert (ROOT / test_file).is_file(), f"{name}: no {test_file}"
+        assert not test or f"\ndef {test}(" in (ROOT / test_file).read_text(), f"{name}: no {test} in {test_file}"
 
 
 def test_mutmuts_result_lines_are_read_with_their_status():

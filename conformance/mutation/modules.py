@@ -21,7 +21,9 @@ class Module:
 
     Attributes:
         sources: glob patterns of the files mutmut mutates, relative to the repository root.
-        tests: the test files (relative to the repository root) whose tests may kill those mutants.
+        tests: the test files (relative to the repository root) whose tests may kill those mutants, or single
+            tests of a file by pytest node id (``FILE::TEST``) where the file's others are too slow to run for
+            every mutant.
     """
 
     sources: tuple[str, ...]
@@ -83,6 +85,14 @@ MODULES: dict[str, Module] = {
             # the compile cache's hooks in capture.py (lookup at the first call, the entry written after it);
             # the suite runs with the cache off, so no other file reaches them
             "conformance/test_compile_cache.py",
+            # use_inductor_graph_partition's refusal and cache-key pass, by node id: the file's other tests
+            # compile with Inductor, and every backend mutant that survives would run them all
+            "conformance/test_inductor_graph_partition.py::test_an_op_inductor_cuts_at_must_write_into_buffers_under_"
+            "piecewise_graphs",
+            "conformance/test_inductor_graph_partition.py::test_the_mode_sets_inductors_partition_and_a_pass_that_keys_"
+            "the_wrapper",
+            "conformance/test_inductor_graph_partition.py::test_inductors_cache_keys_a_compile_with_partition_wrappers_"
+            "apart_from_one_without",
         ),
     ),
     "compilation.cache": Module(
