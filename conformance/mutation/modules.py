@@ -168,7 +168,11 @@ MODULES: dict[str, Module] = {
         # (or under Triton's interpreter), so its own lines are the hand-written CUDA mutants' business. Only
         # eager models: Dynamo cannot trace the tool's trampolines (they read a ContextVar)
         sources=("reference/ops/fused_linear.py", "reference/ops/linear_configs.py"),
-        tests=("conformance/test_fused_linear.py", "conformance/test_linear_configs.py", "conformance/test_custom_ops.py"),
+        tests=(
+            "conformance/test_fused_linear.py",
+            "conformance/test_linear_configs.py",
+            "conformance/test_custom_ops.py",
+        ),
     ),
     "ops.metadata": Module(
         # what attention reads per step, built on the host: the step metadata and a full graph's tables (their
