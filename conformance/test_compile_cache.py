@@ -681,3 +681,45 @@ def test_a_model_with_tied_embeddings_is_served_from_its_entry(cache, impl):
 )  # fmt: skip
 def test_an_unusable_entrys_reason_is_the_errors_kind_and_first_line_cut_at_200_characters(err, line):
     assert compile_cache._first_line(err) == line
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("components")
+def test_a_warm_start_runs_a_splitting_op_with_no_direct_function_through_its_stored_code(cache, impl):
+    """``reference::silly_attention`` has no function registered for direct calls: its pieces are kept as the
+    trace made them, and a warm start must run their stored code (the mutation run of 2026-12-06 found no
+    test that stored such a piece)."""
+    from reference.compilation import compile_model
+    from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
+
+    config = CompilationConfig(
+        level=3, use_inductor=False, splitting_ops=list(SILLY_SPLITTING_OPS), cache_dir=str(cache)
+    )
+    x = torch.arange(4 * 8, dtype=torch.float32).reshape(4, 8)
+    with expect_counters(num_cache_misses=1, num_cache_hits=1, num_cache_entries_written=1):
+        cold, warm = [compile_model(SillyModel(), config)(x) for _ in range(2)]
+    assert torch.equal(cold, expected_output(x)) and torch.equal(warm, cold)
+
+
+@pytest.mark.no_inductor
+def test_a_warm_start_calls_a_splitting_op_directly_where_the_cold_start_did(cache, impl, monkeypatch):
+    """Attention has a direct function (``register_direct_call``): a trace installs it in place of the
+    dispatcher's op, and a warm start must too, or every layer of every step pays the dispatcher's overhead
+    again (an op call through it: 2.1 us against the function's 0.08 us on a CPU, perf/NOTES.md v13)."""
+    from reference.ops import library
+    from reference.ops.attention import ATTENTION_OP
+
+    calls = {"direct": 0}
+    direct = library.direct_call(ATTENTION_OP)
+
+    def counted(*args):
+        calls["direct"] += 1
+        return direct(*args)
+
+    monkeypatch.setitem(library._DIRECT_CALLS, ATTENTION_OP, counted)
+    counts = []
+    for _ in range(2):  # cold, then warm
+        calls["direct"] = 0
+        start(impl, "no_inductor", cache)
+        counts.append(calls["direct"])
+    assert counts[0] > 0 and counts[1] == counts[0], f"direct attention calls, cold and warm: {counts}"
