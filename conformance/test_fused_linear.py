@@ -243,6 +243,33 @@ def test_above_16_rows_the_cuda_path_composes_the_ops_the_reference_composes(row
     torch.testing.assert_close(fused_linear._fused_linear_cuda(*args), expected, **EXACT)
 
 
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("normed", [True, False], ids=["norm", "no-norm"])
+def test_up_to_16_rows_the_cuda_path_hands_the_small_m_kernel_the_call_it_was_given(rows, normed, monkeypatch):
+    """The CUDA path's host logic on CPU tensors, the kernel spied on: at most 16 rows it is one call of
+    ``small_m_linear`` with x, the weight, the epilogue, the residual and the norm as (weight, eps, offset),
+    or None. K (32) is above 16, so a bound read off the wrong dimension shows too (the mutation run of
+    2026-12-06: these lines run only on CUDA, and no CPU test read them)."""
+    calls = []
+
+    def kernel(x, weight, **kwargs):
+        calls.append((x, weight, kwargs))
+        return "the kernel's output"
+
+    monkeypatch.setattr(fused_linear, "linear_kernels", SimpleNamespace(small_m_linear=kernel), raising=False)
+    x, weight, residual = torch.randn(rows, 32), torch.randn(48, 32), torch.randn(rows, 48)
+    norm_weight = torch.randn(32)
+    args = (x, weight, norm_weight if normed else None, 1e-6, 1.0, "residual", residual)
+    assert fused_linear._fused_linear_cuda(*args) == "the kernel's output"
+    ((x_in, weight_in, kwargs),) = calls
+    assert x_in is x and weight_in is weight and set(kwargs) == {"epilogue", "residual", "norm"}
+    assert kwargs["epilogue"] == "residual" and kwargs["residual"] is residual
+    if normed:
+        assert kwargs["norm"][0] is norm_weight and kwargs["norm"][1:] == (1e-6, 1.0)
+    else:
+        assert kwargs["norm"] is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 @pytest.mark.parametrize("tokens", [8, 16, 17, 65], ids=["8-small-m-kernel", "16-small-m-kernel", "17-unfused", "65"])
