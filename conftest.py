@@ -35,6 +35,12 @@ def pytest_addoption(parser):
         default="reference",
         help="implementation to check: reference (default), torch-native, fault:ID or MODULE:FACTORY",
     )
+    group.addoption(
+        "--impl-tests-only",
+        action="store_true",
+        help="run only the tests that take the implementation under test (the impl fixture); the others run "
+        "the same code whatever --impl names, so a peer's run would only repeat the reference's",
+    )
     group.addoption("--conformance-report", default=None, metavar="PATH", help="write the per-rule summary as JSON")
     group.addoption(
         "--conformance-table",

@@ -9,6 +9,8 @@ minutes to CI's 2 cores), or, where torch sees a GPU, everything but the device-
 have the device to themselves, which a run inside the suite cannot promise). The run is split into
 ``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run
 the shards at once: whole, it was the longest test of the GPU run and the floor under the suite's time.
+The run takes ``--impl-tests-only``: a test without the ``impl`` fixture runs the reference's code under any
+``--impl``, so the peer's run of it would repeat the reference's (1,624 of the CPU subset's 1,867 tests).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def test_the_suite_passes_against_torch_native(shard, tmp_path):
     report = tmp_path / "torch-native.json"
     cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
            "-p", "conformance.shard_plugin", "--impl", "torch-native", f"--ignore={Path(__file__).relative_to(REPO)}",
-           "--ignore=conformance/test_faults.py", f"--conformance-report={report}"]  # fmt: skip
+           "--ignore=conformance/test_faults.py", "--impl-tests-only", f"--conformance-report={report}"]  # fmt: skip
     cmd += ["-m", "not device_memory" if torch.cuda.is_available() else "not gpu and not slow"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
     env[shard_plugin.ENV] = f"{shard}/{SHARDS}"
@@ -70,3 +72,30 @@ def test_the_shards_of_a_selection_hold_each_of_its_tests_once(count, monkeypatc
 def test_a_bad_shard_is_a_usage_error_naming_the_variable(value):
     with pytest.raises(pytest.UsageError, match=r"^CONFORMANCE_SHARD=.*: expected I/N with 0 <= I < N"):
         shard_plugin.shard_of(value)
+
+
+class _Item(SimpleNamespace):
+    """What conformance/conftest.py's collection hook reads of a test item."""
+
+    def get_closest_marker(self, name):
+        return None
+
+    def add_marker(self, marker):
+        pass
+
+
+@pytest.mark.parametrize("only", [False, True], ids=["whole", "impl_tests_only"])
+def test_impl_tests_only_keeps_exactly_the_tests_that_take_the_implementation(only):
+    from conformance import conftest
+    from conformance.report import IMPLEMENTATION
+
+    takes = _Item(nodeid="conformance/test_x.py::test_takes", fixturenames=["impl", "tmp_path"])
+    plain = _Item(nodeid="conformance/test_x.py::test_plain", fixturenames=["tmp_path"])
+    deselected, items = [], [plain, takes]
+    config = SimpleNamespace(
+        stash={IMPLEMENTATION: SimpleNamespace(findings={})},
+        getoption=lambda name: {"impl_tests_only": only}[name],
+        hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
+    )
+    conftest.pytest_collection_modifyitems(config, items)
+    assert (items, deselected) == (([takes], [plain]) if only else ([plain, takes], []))
