@@ -30,7 +30,7 @@ import triton.language as tl
 from reference.ops.triton_kernels import _online_softmax_step, _scores
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _write_kv_cache_kernel(
     k_ptr, v_ptr, cache_ptr, slots_ptr, k_stride, v_stride, c_kv, c_pos,
     WIDTH: tl.constexpr, BLOCK: tl.constexpr,
@@ -65,7 +65,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slo
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"], do_not_specialize_on_alignment=["cu_ptr", "seq_lens_ptr", "rows_ptr"])
 def _varlen_attention_kernel(
     q_ptr, cache_ptr, out_ptr, cu_ptr, seq_lens_ptr, rows_ptr,
     q_stride, out_stride, num_seqs,

@@ -79,7 +79,7 @@ def _finish(acc, acc_up, sum_sq, K, eps, rows, cols, row_ok, col_ok, out_ptr, re
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _small_m_linear_kernel(
     x_ptr, w_ptr, out_ptr, res_ptr, g_ptr, partial_ptr, count_ptr,
     M, N, K, x_stride, w_stride, out_stride, res_stride, eps, weight_offset, k_per_split,

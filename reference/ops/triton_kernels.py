@@ -133,7 +133,7 @@ def _rotate_heads(
     tl.store(out + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(dtype), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, q_w_ptr, k_w_ptr,
     q_stride, k_stride, q_heads, k_heads, cache_stride, eps, weight_offset,
@@ -213,7 +213,7 @@ def _online_softmax_step(acc, m_i, l_i, s, v, IEEE: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------- decode attention
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["rows_ptr", "seq_lens_ptr"])
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, cache_ptr, rows_ptr, seq_lens_ptr, out_ptr,
     q_stride, k_stride, v_stride, out_stride,
@@ -299,7 +299,7 @@ def decode_attention(
 
 
 # --------------------------------------------------------------------------------- prefill attention
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"], do_not_specialize_on_alignment=["seqs_ptr"])
 def _prefill_attention_kernel(
     q_ptr, cache_ptr, out_ptr, seqs_ptr,
     q_stride, out_stride, num_seqs,
