@@ -100,6 +100,22 @@ def _decode_reads_before_its_cache_write():
         yield
 
 
+@contextlib.contextmanager
+def _prefill_kernel_specialised_on_its_step():
+    """Prefill attention compiled with Triton's default specialisation of every argument (its sequence count
+    and metadata pointer included), as before d52869a."""
+    if not HAS_TRITON:  # no kernel runs on a machine without Triton: nothing to plant
+        yield
+        return
+    import triton
+
+    from reference.ops import triton_kernels
+
+    respecialised = triton.jit(triton_kernels._prefill_attention_kernel.fn)
+    with mock.patch.object(triton_kernels, "_prefill_attention_kernel", respecialised):
+        yield
+
+
 def _prefill_before_the_cache_write(layer, md, q, k, v, out):
     """On CUDA a prefill's attention runs before its keys and values reach the cache, so each new token
     attends to what the cache held before (stale keys) at its own and its neighbours' positions."""
@@ -228,6 +244,16 @@ FAULTS = [
         "loop instead of before it, so each sequence attends to the stale entry at its own position",
         plant=_decode_reads_before_its_cache_write,
         tests="test_decode_attention_kernel_matches_torch_path",
+        device="cuda",
+    ),
+    Fault(
+        id="prefill-kernel-specialised-on-its-step",
+        kind="ops",
+        description="prefill attention is compiled again for each class of its sequence count (1, a multiple of "
+        "16, any other) and for metadata at an unaligned address, so a cold start compiles it twice (0.4-0.6 s "
+        "each on an H100); its outputs are right",
+        plant=_prefill_kernel_specialised_on_its_step,
+        tests="test_prefill_attention_compiles_once_for_every_sequence_count_and_metadata_offset",
         device="cuda",
     ),
     Fault(
