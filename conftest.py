@@ -23,7 +23,7 @@ from conformance import cores
 os.environ["REFERENCE_DISABLE_COMPILE_CACHE"] = "1"
 cores.refuse_bad_counts("pytest")  # before anything imports Inductor; a conftest cannot raise UsageError yet
 from conformance.report import IMPLEMENTATION, ConformanceReport
-from conformance.selection import load_implementation
+from conformance.selection import check_impl_tests_only, load_implementation
 
 
 def pytest_addoption(parser):
@@ -38,8 +38,9 @@ def pytest_addoption(parser):
     group.addoption(
         "--impl-tests-only",
         action="store_true",
-        help="run only the tests that take the implementation under test (the impl fixture); the others run "
-        "the same code whatever --impl names, so a peer's run would only repeat the reference's",
+        help="run only the tests that take the implementation under test (the impl fixture), and those with a "
+        "finding about it; for an implementation that declares reached_only_through_impl (reference, "
+        "torch-native), whose code the other tests never run, so a peer's run of them repeats the reference's",
     )
     group.addoption("--conformance-report", default=None, metavar="PATH", help="write the per-rule summary as JSON")
     group.addoption(
@@ -57,6 +58,8 @@ def pytest_configure(config):
         logging.getLogger("torch.__trace").setLevel(logging.CRITICAL)
     try:
         config.stash[IMPLEMENTATION] = load_implementation(config.getoption("impl"))
+        if config.getoption("impl_tests_only"):
+            check_impl_tests_only(config.stash[IMPLEMENTATION])
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     report = config.getoption("conformance_report")

@@ -2,8 +2,9 @@
 
 * ``--impl NAME`` (registered in the root conftest.py) picks the implementation (conformance/implementation.py);
   every test that needs it takes the ``impl`` fixture, and ``impl.activate()`` is entered around every test.
-  ``--impl-tests-only`` deselects the tests that do not take it: they run the reference's code under any
-  ``--impl`` (a peer's run of them repeats the reference's run, or skips them for a capability).
+  ``--impl-tests-only`` deselects the tests that neither take it nor carry a finding about it: for an
+  implementation that declares ``reached_only_through_impl`` (its ``activate()`` changes nothing), they run
+  the reference's code under any ``--impl``, so a peer's run of them repeats the reference's run.
 * ``@pytest.mark.requires(capability, ...)``: skipped, with the reason, for an implementation without it.
   A config an implementation raises ``Unsupported`` for is a skip with its reason too.
 * Mode markers (``eager``, ``breakable``, ``no_inductor``, ``inductor``, ``no_inductor_full``,
@@ -47,9 +48,11 @@ def pytest_collection_modifyitems(config, items):
                 "select a test that does not run the mode; rename it or mark it"
             )
     if config.getoption("impl_tests_only"):  # before the shard plugin (trylast) splits what is left
-        takes_impl = ["impl" in getattr(item, "fixturenames", ()) for item in items]
-        config.hook.pytest_deselected(items=[item for item, takes in zip(items, takes_impl) if not takes])
-        items[:] = [item for item, takes in zip(items, takes_impl) if takes]
+        kept = [
+            "impl" in getattr(item, "fixturenames", ()) or rule_of(item.nodeid) in findings for item in items
+        ]  # fmt: skip
+        config.hook.pytest_deselected(items=[item for item, keep in zip(items, kept) if not keep])
+        items[:] = [item for item, keep in zip(items, kept) if keep]
     # The long units first, then the other slow tests (a stable sort keeps the rest in order): xdist hands tests
     # out in this order, and a two-minute test handed out last would run alone at the end while the others idle.
     items.sort(key=lambda item: (not is_long(scope_of(item.nodeid)), item.get_closest_marker("slow") is None))

@@ -68,6 +68,11 @@ CAPABILITIES = {
 
 
 class Implementation(Protocol):
+    """What ``--impl`` loads. ``activate()`` is entered around every test. An implementation may also set
+    ``reached_only_through_impl = True``: its code runs only in tests that take the ``impl`` fixture, and its
+    ``activate()`` changes nothing that other tests run, so ``--impl-tests-only`` may leave those tests out
+    (a fault's ``activate()`` patches the reference, which every test runs: it must not set it)."""
+
     name: str
     capabilities: frozenset[str]
 
@@ -81,6 +86,7 @@ class ReferenceImplementation:
 
     name = "reference"
     capabilities = frozenset(CAPABILITIES)
+    reached_only_through_impl = True
 
     def compile(self, model: nn.Module, config: CompilationConfig) -> Callable:
         return compile_model(model, config)

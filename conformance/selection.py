@@ -47,3 +47,17 @@ def load_implementation(spec: str) -> Implementation:
             f"see conformance/implementation.py (capabilities: {sorted(CAPABILITIES)})"
         )
     return impl
+
+
+def check_impl_tests_only(impl: Implementation) -> None:
+    """``--impl-tests-only`` is for an implementation that declares ``reached_only_through_impl``.
+
+    Raises:
+        ValueError: one line naming the implementation, when it does not (a fault's run, or an implementation
+            of the user's that does not say so).
+    """
+    if not getattr(impl, "reached_only_through_impl", False):
+        raise ValueError(
+            f"--impl-tests-only: {impl.name} does not declare reached_only_through_impl = True, so tests without "
+            "the impl fixture may run its code (a fault's patches reach every test); run without the option"
+        )

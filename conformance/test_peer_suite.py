@@ -9,12 +9,14 @@ minutes to CI's 2 cores), or, where torch sees a GPU, everything but the device-
 have the device to themselves, which a run inside the suite cannot promise). The run is split into
 ``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run
 the shards at once: whole, it was the longest test of the GPU run and the floor under the suite's time.
-The run takes ``--impl-tests-only``: a test without the ``impl`` fixture runs the reference's code under any
-``--impl``, so the peer's run of it would repeat the reference's (1,624 of the CPU subset's 1,867 tests).
+The run takes ``--impl-tests-only``: torch-native declares ``reached_only_through_impl``, so a test without
+the ``impl`` fixture (or a finding) runs the reference's code under it, and the peer's run of it would repeat
+the reference's (1,624 of the CPU subset's 1,867 tests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -91,11 +93,58 @@ def test_impl_tests_only_keeps_exactly_the_tests_that_take_the_implementation(on
 
     takes = _Item(nodeid="conformance/test_x.py::test_takes", fixturenames=["impl", "tmp_path"])
     plain = _Item(nodeid="conformance/test_x.py::test_plain", fixturenames=["tmp_path"])
-    deselected, items = [], [plain, takes]
+    found = _Item(nodeid="conformance/test_x.py::test_found", fixturenames=["tmp_path"])  # a finding's test
+    deselected, items = [], [plain, takes, found]
     config = SimpleNamespace(
-        stash={IMPLEMENTATION: SimpleNamespace(findings={})},
+        stash={IMPLEMENTATION: SimpleNamespace(findings={"test_x.py::test_found": "the peer does not"})},
         getoption=lambda name: {"impl_tests_only": only}[name],
         hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
     )
     conftest.pytest_collection_modifyitems(config, items)
-    assert (items, deselected) == (([takes], [plain]) if only else ([plain, takes], []))
+    assert (items, deselected) == (([takes, found], [plain]) if only else ([plain, takes, found], []))
+
+
+@pytest.mark.parametrize("spec", ["fault:stop-token-not-checked", "conformance.test_peer_suite:_Undeclared"])
+def test_impl_tests_only_refuses_an_implementation_whose_code_other_tests_may_run(spec):
+    """A fault's patches reach every test, with or without the impl fixture (47 of 88 faults are caught only by
+    tests without it), and a user's implementation may do the same unless it says otherwise."""
+    from conformance.selection import check_impl_tests_only, load_implementation
+
+    impl = load_implementation(spec)
+    with pytest.raises(ValueError, match=rf"^--impl-tests-only: {impl.name} does not declare reached_only_through"):
+        check_impl_tests_only(impl)
+
+
+@pytest.mark.slow
+def test_pytest_refuses_impl_tests_only_for_a_fault_in_one_line():
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "--co", "-q", "--impl-tests-only",
+         "--impl", "fault:stop-token-not-checked", "conformance/test_once.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert run.stderr.strip() == (
+        "ERROR: --impl-tests-only: fault:stop-token-not-checked does not declare reached_only_through_impl = True, "
+        "so tests without the impl fixture may run its code (a fault's patches reach every test); run without the "
+        "option"
+    )
+
+
+@pytest.mark.parametrize("spec", ["reference", "torch-native"])
+def test_impl_tests_only_takes_the_shipped_implementations(spec):
+    from conformance.selection import check_impl_tests_only, load_implementation
+
+    check_impl_tests_only(load_implementation(spec))
+
+
+class _Undeclared:
+    """An implementation of the user's that says nothing about its reach."""
+
+    name = "undeclared"
+    capabilities = frozenset()
+
+    def compile(self, model, config):
+        return model
+
+    def activate(self):
+        return contextlib.nullcontext()

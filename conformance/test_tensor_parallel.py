@@ -70,9 +70,10 @@ def _needed(session, model: str) -> tuple[list[str], bool]:
 
 
 @pytest.fixture
-def ranks(request):
+def ranks(request, impl):
     """``ranks(model)``: the worker's results of each rank, for the implementation under test (one launch
-    per model and session, of what the session's selected tests read)."""
+    per model and session, of what the session's selected tests read). It takes ``impl``: the worker runs the
+    implementation ``--impl`` names, so these tests are ``--impl-tests-only``'s too."""
 
     def results(model: str) -> list[dict]:
         out = shared_folder(request) / f"tp-{model}"

@@ -25,6 +25,7 @@ from reference.peers.torch_native import graph_tree_replays
 class TorchNativeImplementation:
     name = "torch-native"
     capabilities = frozenset({"levels", "replays"})
+    reached_only_through_impl = True
     # What the suite found torch to break (README, "torch-native"): strict xfails.
     findings = {
         "test_structure.py::test_an_unregistered_splitting_op_is_refused_when_the_model_is_compiled": (

@@ -60,6 +60,8 @@ class Fault:
 class FaultImplementation(ReferenceImplementation):
     """The reference with ``fault`` planted while each test runs."""
 
+    reached_only_through_impl = False  # the plant reaches every test, with or without the impl fixture
+
     def __init__(self, fault: Fault):
         self.fault = fault
         self.name = f"fault:{fault.id}"
