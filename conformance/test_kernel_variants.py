@@ -1,5 +1,7 @@
-"""Each Triton kernel compiles once per model shape: a step's sequence and row counts, and where its metadata
-sits in memory, never make Triton compile it again (issue 22).
+"""A step's sequence and token counts, and where its metadata sits in memory, never make Triton compile a
+custom-op kernel again (issue 22): the piecewise modes' kernels compile once per model shape; the full
+graph's variable-length attention once per search depth (a constexpr: the bit length of its entry count,
+three depths at ``max_num_seqs=8``), the small-M GEMM once per row tile (16, 32, 64) and config.
 
 Triton specialises an integer argument that equals 1 or is a multiple of 16, and a pointer that is 16-byte
 aligned, into a separate compiled variant (``triton.runtime.jit``, ``specialize_impl``). Where that
@@ -59,6 +61,18 @@ def attention_inputs():
     qkv = torch.randn(tokens, (KV_HEADS * GROUP + 2 * KV_HEADS) * D, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.split([KV_HEADS * GROUP * D, KV_HEADS * D, KV_HEADS * D], dim=-1)
     return cache, q, k, v, torch.empty_like(q)
+
+
+def test_rotary_compiles_once_for_every_token_count_and_positions_offset(monkeypatch, attention_inputs):
+    from reference.ops import triton_kernels
+
+    _, q, k, _, _ = attention_inputs
+    cos_sin = torch.randn(MAX_LEN, D, device="cuda")  # [P, D] fp32: cos | sin
+    seen = _compiled_kernels(monkeypatch, triton_kernels._rotary_kernel)
+    for t in COUNTS:
+        for offset in (0, 1):
+            triton_kernels.rotary(_metadata(list(range(t)), offset), q[:t], k[:t], cos_sin, D)
+    _one_variant(seen, "rotary")
 
 
 def test_decode_attention_compiles_once_for_every_batch_and_metadata_offset(monkeypatch, attention_inputs):
