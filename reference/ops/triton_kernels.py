@@ -5,6 +5,12 @@ so the custom and native paths differ only by reduction order and fp32-vs-bf16 i
 the conformance suite bounds the difference. Importing this module needs Triton; the op modules import
 it only when it is available (see :func:`reference.ops.custom_op.kernel_backend`).
 
+Triton compiles a kernel again for each class of an integer argument (1, a multiple of 16, other) and each
+alignment of a pointer (``specialize_impl`` in ``triton.runtime.jit``). Counts a step's shape varies (its
+sequences) and pointers a kernel reads scalars through (per-sequence metadata) are therefore left out of it
+(``do_not_specialize``, ``do_not_specialize_on_alignment``), here and in the modules beside this one, so that
+a cold start compiles each kernel once per model shape (conformance/test_kernel_variants.py; perf/NOTES.md v35).
+
 Kernels:
 * ``rms_norm`` / ``fused_add_rms_norm``: one program per token row (H <= 16384).
 * ``gated_activation``: SiLU- or GELU(tanh)-and-mul, one program per (row, block of I).
