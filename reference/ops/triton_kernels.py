@@ -3,7 +3,7 @@
 Each kernel reproduces its op's native rounding points (transformers' order of casts) where that is cheap,
 so the custom and native paths differ only by reduction order and fp32-vs-bf16 intermediate rounding;
 the conformance suite bounds the difference. Importing this module needs Triton; the op modules import
-it only when it is available (see :func:`reference.ops.custom_op.kernel_backend`).
+it only when it is available (see :func:`reference.ops.library.kernel_backend`).
 
 Triton compiles a kernel again for each class of an integer argument (1, a multiple of 16, other) and each
 alignment of a pointer (``specialize_impl`` in ``triton.runtime.jit``). Counts a step's shape varies (its
