@@ -117,6 +117,19 @@ def test_seed_decides_the_random_weights():
             assert not torch.equal(x, z), name
 
 
+@pytest.mark.parametrize("model", ["llama-tiny", "gemma-3-tiny"])
+def test_building_a_model_leaves_the_global_random_stream_alone(model):
+    """Every parameter is written after construction (a checkpoint, or ``init_random_weights`` from its own
+    seeded generator), so the layers' own construction-time init (nn.Linear's kaiming_uniform_, nn.Embedding's
+    normal_) is work thrown away: on a CPU, seconds for a 270M model. Skipped, it draws nothing, and a user's
+    ``torch.manual_seed`` stream is the same after a build as before."""
+    torch.manual_seed(1234)
+    expected = torch.rand(4)
+    torch.manual_seed(1234)
+    build(model)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_random_init_follows_transformers_conventions():
     model = build()
     std = model.config.initializer_range

@@ -32,7 +32,7 @@ from reference.models.loader import load_checkpoint
 from reference.models.presets import PRESETS
 from reference.models.qwen3 import Qwen3ForCausalLM
 from reference.models.toy_llama import ToyLlama
-from reference.models.weights import init_random_weights
+from reference.models.weights import ConstructionInitSkipped, init_random_weights
 from reference.ops import CustomOpSelection
 
 # config.model_type -> our class, built as Class(config, ops).
@@ -227,7 +227,9 @@ def build_model(
     """Build a model from a preset name or a checkpoint directory, directly on ``device`` in ``dtype``.
 
     Parameters are created on the device in ``dtype`` (no CPU copy, no later ``.to``); tables computed
-    at construction in float32 on purpose (the rotary cos/sin table) stay float32. Weights:
+    at construction in float32 on purpose (the rotary cos/sin table) stay float32. The layers' own
+    construction-time init is skipped where every parameter is written next (``ConstructionInitSkipped``).
+    Weights:
 
     * checkpoint directory: loaded from its safetensors files (:func:`~reference.models.loader.load_checkpoint`);
     * pretrained model (``gemma-3-270m``, a ``.gguf`` file): its converted checkpoint directory, likewise;
@@ -264,7 +266,9 @@ def build_model(
             net = cls(config, ops)
         _share_tensors(net, share_weights_with, dtype, device)
         return net.eval()
-    with _default_dtype(dtype), device, parallel.use(tensor_parallel):
+    written_after = device.type != "meta" and config.model_type not in CLOSED_FORM_MODEL_TYPES
+    skip_init = ConstructionInitSkipped() if written_after else contextlib.nullcontext()
+    with _default_dtype(dtype), device, parallel.use(tensor_parallel), skip_init:
         net = cls(config, ops)
     if device.type == "meta":
         return net.eval()  # shapes only: no weight is drawn or read

@@ -1,12 +1,31 @@
-"""Weights of presets and what a step reads: seeded random initialisation, bytes per decode step."""
+"""Weights of presets and what a step reads: seeded random initialisation, no construction-time init where
+every parameter is written afterwards, bytes per decode step."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from reference.ops import RMSNorm
 from reference.parallel import copy_full_into, full_shape, split_of
+
+
+class ConstructionInitSkipped(TorchFunctionMode):
+    """While active, ``torch.nn.init``'s fills and ``Tensor.uniform_`` / ``normal_`` return their tensor
+    untouched: a model built under it holds uninitialised parameters and draws nothing from the global
+    generators. For a build whose every parameter is written next (a checkpoint's loader refuses a missing
+    tensor; :func:`init_random_weights` refuses a parameter it has no rule for), where ``nn.Linear``'s and
+    ``nn.Embedding``'s own init would be thrown away: 4 s of a 270M model's CPU build (perf/NOTES.md v36).
+    Values set by construction otherwise (norm weights, the rotary table, a closed-form preset) are kept.
+    """
+
+    SKIPPED = frozenset({torch.Tensor.uniform_, torch.Tensor.normal_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.SKIPPED or getattr(func, "__module__", None) == nn.init.__name__:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 @torch.no_grad()
