@@ -100,13 +100,55 @@ def test_a_child_past_its_timeout_is_killed_and_raises_with_its_output_as_subpro
         os.kill(int(expired.value.output), 0)
 
 
-def test_where_torch_sees_a_cuda_device_it_is_subprocess_run_itself(monkeypatch, tmp_path):
+def test_where_torch_sees_a_cuda_device_it_starts_a_fresh_interpreter(monkeypatch, tmp_path):
     """A fork of the server cannot use CUDA again (its imports initialised it there): five tests failed on an
-    H100 before this."""
-    calls = []
+    H100 before this. A fresh interpreter is this process's own child; a fork is the server's."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(subprocess, "run", lambda argv, **kwargs: calls.append((argv, kwargs)) or "ran")
-    cmd = [sys.executable, "-m", "pytest", "-q"]
-    assert forked.run(cmd, env={"A": "1"}, cwd=tmp_path, timeout=7) == "ran"
-    want = {"cwd": tmp_path, "env": {"A": "1"}, "capture_output": True, "text": True, "errors": "replace", "timeout": 7}
-    assert calls == [(cmd, want)]
+    (tmp_path / "parent.py").write_text(
+        "import os, sys\nprint(os.getppid())\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(int(os.environ['A']))\n"
+    )
+    proc = forked.run([sys.executable, "-m", "parent", "x"], env={"A": "4"}, cwd=tmp_path, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (4, f"{os.getpid()}\n", "['x']\n")
+
+
+RANK = """\
+import os, sys
+import torch
+import torch.distributed as dist
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+print(*(os.environ[name] for name in names))
+dist.init_process_group("gloo")  # env://, as under torchrun
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+print(int(total.item()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_ranks_get_torchruns_variables_and_reach_each_other(tmp_path, size):
+    (tmp_path / "rank_module.py").write_text(RANK)
+    ranks = forked.run_ranks([sys.executable, "-m", "rank_module"], size, cwd=tmp_path, timeout=120)
+    assert [proc.returncode for proc in ranks] == [0] * size, [proc.stderr[-2000:] for proc in ranks]
+    lines = [proc.stdout.splitlines() for proc in ranks]
+    port = lines[0][0].split()[-1]
+    assert [line[0] for line in lines] == [f"{r} {r} {size} {size} 127.0.0.1 {port}" for r in range(size)]
+    assert [line[1] for line in lines] == [str(size * (size + 1) // 2)] * size  # the all-reduce's sum, on each
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the ranks are fresh interpreters: no fork")
+def test_a_failing_rank_ends_the_others_as_torchrun_does(tmp_path):
+    """Rank 1 would wait for rank 0 forever (as in a collective); rank 0 fails at once."""
+    (tmp_path / "failing.py").write_text(
+        "import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit(5)\nprint(os.getpid(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    ranks = forked.run_ranks([sys.executable, "-m", "failing"], 2, cwd=tmp_path, timeout=60)
+    assert [proc.returncode for proc in ranks] == [5, -9]
+    with pytest.raises(ProcessLookupError):  # killed, not left running
+        os.kill(int(ranks[1].stdout), 0)
+
+
+def test_no_ranks_is_refused():
+    with pytest.raises(ValueError, match=r"^size: expected an int >= 1, got 0$"):
+        forked.run_ranks([sys.executable, "-m", "x"], 0)

@@ -1,7 +1,8 @@
 """Tensor parallelism: a model sharded over two CPU processes (gloo) computes what one process computes.
 
-For each tiny preset one ``torchrun --standalone --nproc-per-node 2`` run (conformance/tensor_parallel_worker.py)
-builds the whole model and each rank's shard from the same weights, runs both in every mode over a
+For each tiny preset one launch of two ranks (conformance/tensor_parallel_worker.py, started with the variables
+``torchrun --standalone --nproc-per-node 2`` gives its workers, by ``forked.run_ranks``; the benchmark's test
+runs torchrun itself) builds the whole model and each rank's shard from the same weights, runs both in every mode over a
 prefill of three prompts and four greedy decode steps (three rows, padded to capture size 4), and
 generates with ``LLM(tensor_parallel_size=1)`` and ``2``. The rules:
 
@@ -41,22 +42,22 @@ SIZE = 2
 # over gloo can see: there they run as eager and as their base modes.
 MODES = ("eager", "no_inductor", "inductor")
 
-# One torchrun launch per model serves every test of it, on whichever worker needs it first (conformance/once.py).
-# slow: the tests launch torchrun (two processes per model, every mode), 20-70 s each on two cores
+# One launch of two ranks per model serves every test of it, on whichever worker needs it first (conformance/once.py).
+# slow: the tests launch two processes per model, every mode, 10-40 s each on two cores
 pytestmark = [pytest.mark.requires("tensor_parallel"), pytest.mark.slow]
 
 
 def _launch(model: str, impl_spec: str, modes: list[str], llm: bool, out: Path) -> list[dict] | str:
     """Every rank's results for ``model`` in ``modes`` (and its LLM generations if ``llm``), or why there are
-    none."""
+    none. The ranks are the ones torchrun would start, forked from the preloaded server (``forked.run_ranks``);
+    torchrun itself starts the benchmark's ranks below."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={SIZE}"]
-    cmd += ["-m", "conformance.tensor_parallel_worker", "--model", model, "--impl", impl_spec, "--out", str(out)]
-    cmd += [f"--modes={','.join(modes)}", *([] if llm else ["--no-llm"])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        return f"torchrun exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    cmd = [sys.executable, "-m", "conformance.tensor_parallel_worker", "--model", model, "--impl", impl_spec]
+    cmd += ["--out", str(out), f"--modes={','.join(modes)}", *([] if llm else ["--no-llm"])]
+    ranks = forked.run_ranks(cmd, SIZE, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    for rank, proc in enumerate(ranks):
+        if proc.returncode != 0:
+            return f"rank {rank} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(SIZE)]
 
 
