@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance import forked
 from conformance.mutation import summary
 from conformance.mutation.modules import MODULES
 
@@ -26,7 +27,7 @@ def test_run_mutate_refuses_an_unknown_module_in_one_line_with_exit_status_2():
     # what ./run mutate runs, in this interpreter: ./run itself would first make its .venv where none exists
     # (a machine with no package index, such as the GPU runner, cannot)
     cmd = [sys.executable, "-m", "conformance.mutation", "no.such.module"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = forked.run(cmd)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "'no.such.module'" in proc.stderr and "config" in proc.stderr and "engine.sampling" in proc.stderr
@@ -43,8 +44,7 @@ def test_run_mutate_refuses_an_unknown_module_in_one_line_with_exit_status_2():
     ],
 )
 def test_bad_arguments_are_one_line_naming_what_is_wrong(args, message):
-    proc = subprocess.run([sys.executable, "-m", "conformance.mutation", *args], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+    proc = forked.run([sys.executable, "-m", "conformance.mutation", *args])
     assert (proc.returncode, proc.stderr) == (2, f"./run mutate: {message}\n")
 
 

@@ -3,7 +3,6 @@ mutmut does. The mutants themselves run on a GPU machine; here the machinery run
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -68,22 +67,19 @@ def test_a_mutant_is_judged_by_its_tests_in_a_copy_of_the_tree(old, new, marker,
     ],
 )
 def test_bad_arguments_are_one_line_with_exit_status_2(args, message):
-    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", *args], cwd=ROOT, capture_output=True,
-                         text=True)  # fmt: skip
+    run = forked.run([sys.executable, "-m", "conformance.mutation.cuda", *args])
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
 
 
 def test_list_names_every_mutant_and_what_it_breaks():
-    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", "--list"], cwd=ROOT, capture_output=True,
-                         text=True)  # fmt: skip
+    run = forked.run([sys.executable, "-m", "conformance.mutation.cuda", "--list"])
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [f"{m.name}  {m.what}" for m in MUTANTS]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a machine without CUDA")
 def test_without_a_cuda_device_it_refuses_in_one_line():
-    run = subprocess.run([sys.executable, "-m", "conformance.mutation.cuda", "--only", MUTANTS[0].name], cwd=ROOT,
-                         capture_output=True, text=True)  # fmt: skip
+    run = forked.run([sys.executable, "-m", "conformance.mutation.cuda", "--only", MUTANTS[0].name])
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sees no CUDA device" in run.stderr, run.stderr
 
 
