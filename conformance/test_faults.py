@@ -143,6 +143,20 @@ def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch)
     assert argv[argv.index("-k") + 1] == fault.tests
 
 
+def test_a_faults_run_does_not_shrink_hypothesis_examples(monkeypatch):
+    """A fault's verdict is whether a test fails; shrinking the first failing example took 22 of the 25 s of
+    row-handed-out-in-its-last-step's run on a 2-core AMD EPYC."""
+    from hypothesis import Phase, settings
+
+    runs = []
+    monkeypatch.setattr(forked, "run", lambda cmd, env: runs.append(cmd) or subprocess.CompletedProcess([], 5, "", ""))
+    run_fault(CPU_FAULTS[0], "cpu", 1, ["conformance/test_a.py::test_y"])
+    (argv,) = runs
+    assert "--hypothesis-profile=faults" in argv
+    phases = settings.get_profile("faults").phases
+    assert Phase.generate in phases and Phase.shrink not in phases
+
+
 def test_a_fault_whose_expression_selects_nothing_survives_without_running_the_suite(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("ran pytest for no test"))
     monkeypatch.setattr(forked, "run", lambda *args, **kwargs: pytest.fail("ran pytest for no test"))

@@ -69,6 +69,7 @@ def run_fault(
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         args = ("-x", "--impl", f"fault:{fault.id}", f"--junitxml={junit}", "-k", fault.tests)
+        args += ("--hypothesis-profile=faults",)  # a failure is the verdict; no shrinking of it (conftest.py)
         cmd, env = _command(_pytest_args(device, *args, paths=paths)), _environment(device, jobs)
         proc = _run(device, cmd, env)
         failed, errored = _first_failure(junit) if junit.exists() else (None, None)
