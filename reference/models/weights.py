@@ -16,7 +16,7 @@ class ConstructionInitSkipped(TorchFunctionMode):
     untouched: a model built under it holds uninitialised parameters and draws nothing from the global
     generators. For a build whose every parameter is written next (a checkpoint's loader refuses a missing
     tensor; :func:`init_random_weights` refuses a parameter it has no rule for), where ``nn.Linear``'s and
-    ``nn.Embedding``'s own init would be thrown away: 4 s of a 270M model's CPU build (perf/NOTES.md v36).
+    ``nn.Embedding``'s own init would be thrown away: 4 s of a 270M model's CPU build (perf/NOTES.md v37).
     Values set by construction otherwise (norm weights, the rotary table, a closed-form preset) are kept.
     """
 
