@@ -112,7 +112,7 @@ def test_nothing_is_counted_when_the_unmutated_tree_fails_its_tests(monkeypatch,
 
 def test_the_mutants_runs_select_the_cuda_cases_but_not_those_that_need_the_device_alone():
     graph_tests = next(m.tests for m in MUTANTS if m.path.endswith("cuda_graph.py"))
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m"]
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--assert=plain", "-m"]
     run = forked.run([*collect, cuda.MARKER, *graph_tests])
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert run.returncode == 0 and ids, run.stdout[-2000:]

@@ -2,11 +2,11 @@
 
 A rule only the reference can meet is a capability the peer does not declare (skipped with the reason) or
 a finding about the peer (a strict xfail, ``findings`` in conformance/torch_native.py), never a red run.
-This runs the suite against torch-native in a fresh process and asks for exit 0 and some rules passed: on
-the CPU the fast subset (gpu and slow tests deselected: the slow ones time the tools, torchrun's process
-groups and the CLIs, whose peer-specific parts the fast subset and the GPU run cover, and they would add
-minutes to CI's 2 cores), or, where torch sees a GPU, everything but the device-memory tests (they must
-have the device to themselves, which a run inside the suite cannot promise). The run is split into
+This runs the suite against torch-native in a process of its own (conformance/forked.py) and asks for exit 0
+and some rules passed: on the CPU the fast subset (gpu and slow tests deselected: the slow ones time the
+tools, torchrun's process groups and the CLIs, whose peer-specific parts the fast subset and the GPU run
+cover, and they would add minutes to CI's 2 cores), or, where torch sees a GPU, everything but the
+device-memory tests (they must have the device to themselves, which a run inside the suite cannot promise). The run is split into
 ``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run
 the shards at once: whole, it was the longest test of the GPU run and the floor under the suite's time.
 The run takes ``--impl-tests-only``: torch-native declares ``reached_only_through_impl``, so a test without
@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance import shard_plugin
+from conformance import forked, shard_plugin
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_the_suite_passes_against_torch_native(shard, tmp_path):
     cmd += ["-m", "not device_memory" if torch.cuda.is_available() else "not gpu and not slow"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
     env[shard_plugin.ENV] = f"{shard}/{SHARDS}"
-    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    run = forked.run(cmd, env=env, timeout=1200)  # on a CPU a fork: the imports of a fresh one were 9 s
     tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-15:])
     where = f"shard {shard + 1} of {SHARDS} of the torch-native run"
     assert run.returncode == 0, f"{where} exited {run.returncode}:\n{tail}"

@@ -104,7 +104,7 @@ def test_under_n_2_the_tests_of_one_launch_all_run_on_one_worker():
 def test_the_long_units_are_collected_first_then_the_other_slow_tests():
     """xdist hands tests out in collection order (conformance/conftest.py sorts it)."""
     files = ["conformance/test_bench_cli.py", "conformance/test_peer_suite.py", "conformance/test_tensor_parallel.py"]
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--assert=plain", *files]
     run = forked.run(cmd, timeout=300)
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     assert run.returncode == 0 and ids, run.stdout[-2000:] + run.stderr[-2000:]
