@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance import forked
 from conformance.driver import prefill_and_decode
 from conformance.helpers import DEVICES, build_llama, make_runner, small_llama_config
 from reference.compilation import backend, cache_key, compile_cache, compilation_counter, expect_counters
@@ -309,15 +309,15 @@ print("LOGITS", torch.stack(logits).sum().item())
 @pytest.mark.slow
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
-def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl):
-    env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
-    children = [
-        subprocess.Popen([sys.executable, "-c", CHILD, str(cache)], env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outputs = [child.communicate(timeout=300)[0] for child in children]
-    assert [child.returncode for child in children] == [0, 0]
-    sums = {line for out in outputs for line in out.splitlines() if line.startswith("LOGITS")}
+def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl, tmp_path):
+    (tmp_path / "cache_child.py").write_text(CHILD)
+    env = {**os.environ, cache_key.DISABLE_ENV: "0"}
+    # two processes started at once (forked, on a CPU: a fresh interpreter's imports were 8 of the 15 s; the rank
+    # variables run_ranks gives them go unread)
+    argv = [sys.executable, "-m", "cache_child", str(cache)]
+    children = forked.run_ranks(argv, 2, env=env, cwd=tmp_path, timeout=300)
+    assert [child.returncode for child in children] == [0, 0], [child.stderr[-2000:] for child in children]
+    sums = {line for child in children for line in child.stdout.splitlines() if line.startswith("LOGITS")}
     assert len(sums) == 1, sums
     assert len(entries(cache)) == 1 and not [p for p in cache.iterdir() if p.name.startswith(".")]
     with expect_counters(num_cache_hits=1):
