@@ -43,6 +43,8 @@ from reference.benchmark.report import write_whole
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [sys.executable, "-m", "pytest"]
+# seconds a step's processes have between SIGTERM and SIGKILL when the run is ended (a test shortens it)
+TERM_GRACE_S = 10.0
 
 
 def _pytest_counts(junit: Path) -> dict[str, int]:
@@ -157,11 +159,11 @@ def _pass_through(proc: subprocess.Popen, prefix: str, printing: threading.Lock,
 
 
 def _end_groups(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every step's process group at once, SIGKILL to what is left of them 10 s later; further
-    SIGINT / SIGTERM are ignored meanwhile, so a second Ctrl-C cannot cut the clean-up short."""
+    """SIGTERM to every step's process group at once, SIGKILL to what is left of them ``TERM_GRACE_S`` later;
+    further SIGINT / SIGTERM are ignored meanwhile, so a second Ctrl-C cannot cut the clean-up short."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5)):
         alive = [proc for proc in procs if proc.poll() is None]
         for proc in alive:
             try:
