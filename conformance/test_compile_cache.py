@@ -311,7 +311,8 @@ print("LOGITS", torch.stack(logits).sum().item())
 @pytest.mark.requires("components")
 def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl, tmp_path):
     (tmp_path / "cache_child.py").write_text(CHILD)
-    env = {**os.environ, cache_key.DISABLE_ENV: "0"}
+    # where CUDA is visible the two are fresh interpreters in tmp_path: they find the conformance package by this
+    env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
     # two processes started at once (forked, on a CPU: a fresh interpreter's imports were 8 of the 15 s; the rank
     # variables run_ranks gives them go unread)
     argv = [sys.executable, "-m", "cache_child", str(cache)]
