@@ -6,9 +6,10 @@ This runs the suite against torch-native in a process of its own (conformance/fo
 and some rules passed: on the CPU the fast subset (gpu and slow tests deselected: the slow ones time the
 tools, torchrun's process groups and the CLIs, whose peer-specific parts the fast subset and the GPU run
 cover, and they would add minutes to CI's 2 cores), or, where torch sees a GPU, everything but the
-device-memory tests (they must have the device to themselves, which a run inside the suite cannot promise). The run is split into
-``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run
-the shards at once: whole, it was the longest test of the GPU run and the floor under the suite's time.
+device-memory tests (they must have the device to themselves, which a run inside the suite cannot promise).
+The run is split into ``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so
+xdist's workers run the shards at once: whole, it was the longest test of the GPU run and the floor under the
+suite's time.
 The run takes ``--impl-tests-only``: torch-native declares ``reached_only_through_impl``, so a test without
 the ``impl`` fixture (or a finding) runs the reference's code under it, and the peer's run of it would repeat
 the reference's (1,624 of the CPU subset's 1,867 tests).

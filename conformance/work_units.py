@@ -25,7 +25,7 @@ SHARED_RUNS: dict[str, tuple[str, ...]] = {
 }
 # modules that read a computed_once value but whose tests are handed out one by one all the same: the value is
 # short beside the tests that read it, so a worker that waits for it once loses less than one worker running them
-# all. test_faults.py: the CPU faults' selection (one collection, ~30 s on a 2-core AMD EPYC) beside ~60 faults.
+# all. test_faults.py: the CPU faults' selection (one collection, 6-14 s on a 2-core AMD EPYC) beside ~60 faults.
 SPREAD_READERS = frozenset({"conformance/test_faults.py"})
 # units that take minutes each on the H200 (2026-12-03: 113-172 s a shard of the peer's run, 106-116 s a
 # tensor-parallel launch): a scope starting with one of these

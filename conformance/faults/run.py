@@ -34,8 +34,10 @@ SELF = "conformance/test_faults.py"  # runs run_fault itself: never part of a fa
 def _pytest_args(device: str, *args: str, paths: Sequence[str] = ("conformance",)) -> list[str]:
     """The arguments of a pytest run of the suite on ``device`` (without ``python -m pytest``). Asserts stay as
     written (``--assert=plain``): a fault's verdict is which test failed, not its message, and rewriting the
-    modules again in every run (no bytecode cache under ``PYTHONDONTWRITEBYTECODE``) was 0.4 s of a fault's
-    1.5 s and 6 of the selection's 17 s on a 2-core AMD EPYC (2026-12-06)."""
+    modules again in every run (no bytecode cache under ``PYTHONDONTWRITEBYTECODE``, as on CI's machines) was
+    0.4 s of a fault's 1.5 s and 6 of the selection's 17 s on a 2-core AMD EPYC (2026-12-06). What it costs: a
+    survived fault's note shows a failed assert without its operands (rerun its tests with pytest for them).
+    No test of the suite reads an assert's rewritten message (no ``pytest.raises(AssertionError)``)."""
     argv = [*paths, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--assert=plain", f"--ignore={SELF}", *args]
     return argv + (["-m", "not gpu"] if device == "cpu" else [])
 
