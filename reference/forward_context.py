@@ -7,15 +7,20 @@ forward call; the attention op, which runs eagerly between CUDA graphs, reads it
 
 The runner also says here which kind of CUDA graph the step is for (``cudagraph_runtime_mode``) and under
 which key (``batch_descriptor``); the full-graph wrapper reads both (vLLM's dispatcher does the same).
+
+A context belongs to the thread that set it: the runner's kernel warm-up runs an eager step on a thread of its
+own while the main thread traces the model (:mod:`reference.engine.kernel_warm_up`), each under its own context.
+vLLM keeps one process-wide context; a thread-local one costs the same and lets two steps run at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple
 
-_current: "ForwardContext | None" = None
+_local = threading.local()  # .current: this thread's ForwardContext, or None
 # vLLM's CUDAGraphMode values for one step: which graphs the step replays.
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
 
@@ -53,19 +58,18 @@ class ForwardContext:
 @contextlib.contextmanager
 def set_forward_context(context: ForwardContext) -> Iterator[ForwardContext]:
     """Make ``context`` current for the duration of one forward call. Contexts do not nest."""
-    global _current
-    if _current is not None:
+    if current_forward_context() is not None:
         raise RuntimeError("set_forward_context: a forward context is already active; contexts do not nest")
-    _current = context
+    _local.current = context
     try:
         yield context
     finally:
-        _current = None
+        _local.current = None
 
 
 def current_forward_context() -> ForwardContext | None:
-    """The active context, or None outside a forward step."""
-    return _current
+    """This thread's active context, or None outside a forward step."""
+    return getattr(_local, "current", None)
 
 
 def get_forward_context() -> ForwardContext:
@@ -75,9 +79,10 @@ def get_forward_context() -> ForwardContext:
         RuntimeError: no context is active, i.e. the model was called outside ``ModelRunner`` or
             ``set_forward_context``.
     """
-    if _current is None:
+    context = current_forward_context()
+    if context is None:
         raise RuntimeError(
             "no forward context: attention needs per-step metadata; run the model through "
             "reference.engine.ModelRunner or inside reference.forward_context.set_forward_context(...)"
         )
-    return _current
+    return context
