@@ -125,11 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     The JSON document: ``{"model", "settings": {batch_size, input_len, dtype, device,
     compilation_config_overrides (only with --compilation-config)}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
-    "compile_cache_hits", "inductor_cache_hits", "inductor_cache_misses", "capture_sizes", "compilation_config"
-    (the config the start ran, resolved), "dtype" (the one used)}], "env": {"cpu", "cpu_count", "threads",
-    "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date", "command"}, "stopped" (only when a mode failed
-    or Ctrl-C came: what stopped the run)}``; times in seconds. The modes that
-    finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start) or 130.
+    "compile_cache_hits", "kernel_warm_up_s", "kernel_warm_up_wait_s" (the kernel warm-up's step and the part
+    of it the trace did not hide, inside compile_s), "inductor_cache_hits", "inductor_cache_misses",
+    "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used)}],
+    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
+    "command"}, "stopped" (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds.
+    The modes that finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start)
+    or 130.
     """
     parser = build_parser()
     args = parse_with_vllm_spellings(parser, list(sys.argv[1:] if argv is None else argv))

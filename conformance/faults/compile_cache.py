@@ -8,9 +8,11 @@ from unittest import mock
 
 from conformance.faults.fault import Fault, patches
 from reference.compilation import cache_key, capture, compile_cache, inductor_passes, partition_graph
+from reference.compilation.backend import PiecewiseBackend
 
 _real_cache_factors = cache_key.cache_factors
 _real_read_entry = compile_cache.read_entry
+_real_load = PiecewiseBackend.load
 
 
 def _key_without(edit):
@@ -47,6 +49,17 @@ def _read_unwrapped(folder, key, factors, build):
     """``read_entry`` loading Inductor's artifacts with no partition wrapper installed."""
     with partition_graph.partition_wrappers(None):
         return _real_read_entry(folder, key, factors, build)
+
+
+def _load_without_waiting(self, entry, on_cuda):
+    """``PiecewiseBackend.load`` that leaves ``before_first_run`` uncalled: only a trace waits for the runner's
+    kernel warm-up, so a start the compile cache serves runs (and, with no warm-up runs, captures) its pieces
+    while the warm-up's thread still launches kernels."""
+    hook, self.before_first_run = self.before_first_run, None
+    try:
+        return _real_load(self, entry, on_cuda)
+    finally:
+        self.before_first_run = hook
 
 
 FAULTS = [
@@ -140,5 +153,13 @@ FAULTS = [
         plant=patches(mock.patch.object(capture, "read_entry", _read_unwrapped)),
         tests="test_a_warm_start_traces_and_compiles_nothing and inductor_graph_partition and cuda",
         device="cuda",
+    ),
+    Fault(
+        id="cache-hit-runs-before-the-kernel-warm-up-ends",
+        kind="cache",
+        description="a start served by the compile cache runs its pieces without waiting for the kernel warm-up's "
+        "thread (only a trace waits), so a capture can meet that thread's launches",
+        plant=patches(mock.patch.object(PiecewiseBackend, "load", _load_without_waiting)),
+        tests="test_the_backend_calls_before_first_run_once_after_compiling_and_before_any_piece_runs",
     ),
 ]

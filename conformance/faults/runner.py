@@ -11,7 +11,7 @@ from unittest import mock
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.engine import llm_engine
+from reference.engine import kernel_warm_up, llm_engine
 from reference.engine.llm_engine import LLMEngine
 from reference.engine.runner import ModelRunner
 from reference.engine.scheduler import Scheduler
@@ -182,6 +182,11 @@ def _finish_without_the_row_given_back(self, request):
         _real_finish(self, request)
 
 
+def _prefill_alone(max_num_seqs, max_model_len):
+    """The kernel warm-up's step without its decode: the decode attention kernel compiles after the trace."""
+    return [2], [2], [0]
+
+
 FAULTS = [
     Fault(
         id="logits-gathered-behind-the-padding",
@@ -321,5 +326,13 @@ FAULTS = [
         description="scheduling_policy='priority' queues requests in arrival order, whatever their priority",
         plant=patches(mock.patch.object(Scheduler, "add", _queued_with(list.append))),
         tests="test_every_step_keeps_the_scheduling_rules_and_every_request_ends",
+    ),
+    Fault(
+        id="kernel-warm-up-without-a-decode",
+        kind="runner",
+        description="the kernel warm-up's eager step is a prefill alone, so the decode attention kernel still "
+        "compiles on the main thread, at the first decode graph's capture",
+        plant=patches(mock.patch.object(kernel_warm_up, "warm_up_step", _prefill_alone)),
+        tests="test_kernel_warm_up",
     ),
 ]

@@ -174,8 +174,12 @@ class PiecewiseBackend:
         stale_outputs: the compiled model's :class:`~reference.compilation.stale_outputs.StaleOutputGuard`
             with ``debug_cudagraph_outputs``, handed to every piece; else None.
 
-    Attributes (set by the first compilation):
-        pieces: the pieces of the graph in execution order (their FX modules, before compilation).
+    Attributes:
+        pieces: the pieces of the graph in execution order (their FX modules, before compilation); set by the
+            first compilation.
+        before_first_run: None, or a callable the backend calls once, when the pieces are compiled (or loaded
+            from the compile cache) and before any of them runs; the runner waits there for its kernel warm-up
+            (:mod:`reference.engine.kernel_warm_up`).
 
     Raises:
         ConfigError: level 0, or (at level 3) a splitting op that is not a registered op; with
@@ -195,6 +199,7 @@ class PiecewiseBackend:
         self.stale_outputs = stale_outputs
         self.pieces: list[Piece] = []
         self.cache_writer: CacheWriter | None = None  # set by CompiledModel before a trace it will cache
+        self.before_first_run: Callable[[], None] | None = None
         self._traced = False
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
@@ -233,6 +238,7 @@ class PiecewiseBackend:
             self.cache_writer.compiled(compiled, static)
         compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
+        self._ready_to_run()
         return split
 
     def load(self, entry: Entry, on_cuda: bool) -> Callable:
@@ -265,7 +271,14 @@ class PiecewiseBackend:
         self._traced = True
         compilation_counter.num_piecewise_graphs_seen += len(entry.pieces)
         compilation_counter.num_piecewise_capturable_graphs_seen += sum(not p["splitting_op"] for p in entry.pieces)
+        self._ready_to_run()
         return split
+
+    def _ready_to_run(self) -> None:
+        """Call ``before_first_run`` once."""
+        hook, self.before_first_run = self.before_first_run, None
+        if hook is not None:
+            hook()
 
     def _check_pieces(self, pieces: list[Piece]) -> None:
         """With piecewise graphs asked for (on any device), every splitting op writes into buffers and no

@@ -40,9 +40,11 @@ import torch
 from torch import nn
 
 from reference.compilation import compilation_counter, compile_model, key_prefetch
+from reference.compilation.backend import PiecewiseBackend
 from reference.config import CompilationConfig
 from reference.engine.arguments import check_within_positions
 from reference.engine.graph_plan import plan_graphs
+from reference.engine.kernel_warm_up import KernelWarmUp
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
@@ -63,6 +65,9 @@ class StartupStats:
         full_capture_sizes: the full-graph (decode) sizes captured, largest first.
         compile_cache_hits: entries the project's compile cache served during the compile (0: compiled cold,
             or the cache is off), so a ``compile_s`` read from the cache is not taken for a compile.
+        kernel_warm_up_s: seconds the kernel warm-up's eager step took on its thread, inside ``compile_s``
+            (:mod:`.kernel_warm_up`; 0.0 where none ran: a CPU, level 0 or 1, another implementation's model).
+        kernel_warm_up_wait_s: seconds the compile waited for that step after the trace (the part not hidden).
     """
 
     compile_s: float = 0.0
@@ -71,6 +76,8 @@ class StartupStats:
     capture_sizes: tuple[int, ...] = ()
     full_capture_sizes: tuple[int, ...] = ()
     compile_cache_hits: int = 0
+    kernel_warm_up_s: float = 0.0
+    kernel_warm_up_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -372,7 +379,9 @@ class ModelRunner:
         makes one) and, on CUDA, capture every piecewise size (but 1 when full graphs serve it), then every
         full-graph size, largest first; returns the costs.
 
-        Capturing the largest size first lets smaller sizes reuse its pool memory.
+        Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA, while the reference's
+        backend traces the model, one eager step on a thread compiles the custom ops' Triton kernels
+        (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs, and its error is raised here.
 
         Args:
             progress: called with the name of each stage as it starts: ``'compile'``, then
@@ -386,8 +395,16 @@ class ModelRunner:
         sees_one_token = 1 in self.capture_sizes or 1 in self.full_sizes or not (self.capture_sizes or self.full_sizes)
         report("compile")
         hits, start = compilation_counter.num_cache_hits, time.perf_counter()
-        key_prefetch.wait()  # the compilers' installation hashes, begun before the weights loaded
-        self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
+        kernels = self._start_kernel_warm_up()
+        try:
+            key_prefetch.wait()  # the compilers' installation hashes, begun before the weights loaded
+            self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
+        finally:
+            if kernels is not None:
+                kernels.wait()  # the backend waited before the pieces ran; this covers a trace that raised
+        if kernels is not None:
+            kernels.join()  # the warm-up's error, if the model's own first step did not raise it first
+            self.startup.kernel_warm_up_s, self.startup.kernel_warm_up_wait_s = kernels.step_s, kernels.waited_s
         if self.config.level > 0 and sees_one_token and not captures_one_token:
             # Dynamo specializes a 1-token call: an implementation that keeps Dynamo's guards (torch-native)
             # compiles a second graph for it, here rather than at the first 1-token step it serves
@@ -415,6 +432,17 @@ class ModelRunner:
             self.startup.capture_sizes = tuple(sorted(piecewise, reverse=True))
             self.startup.full_capture_sizes = tuple(sorted(self.full_sizes, reverse=True))
         return self.startup
+
+    def _start_kernel_warm_up(self) -> KernelWarmUp | None:
+        """On CUDA, before the reference's backend traces the model: start compiling the custom ops' kernels on
+        a thread (:mod:`.kernel_warm_up`), which the backend waits for before any piece runs."""
+        backend = getattr(self.compiled, "backend", None)
+        if self.device.type != "cuda" or not isinstance(backend, PiecewiseBackend) or not self.compiled.awaits_trace:
+            return None
+        kernels = KernelWarmUp(self.model, self.max_num_seqs, self.max_model_len)
+        backend.before_first_run = kernels.wait
+        kernels.start()
+        return kernels
 
     def _dummy_step(self, num_tokens: int) -> None:
         """Run ``num_tokens`` dummy tokens, one cache row per ``max_model_len`` of them. Every size the warm-up

@@ -1,0 +1,115 @@
+"""Compile the custom ops' Triton kernels on a thread while Dynamo traces the model (issue 22's cold start).
+
+Triton compiles a kernel at its first launch. Without this module a cold start launched each custom-op kernel
+for the first time after the trace, in the first forward of the split graph, and compiled them one after another
+on the main thread: on an H100 (perf/NOTES.md v35) 1.1 s of the 8B model's compile phase and 0.4 s of its capture
+phase, against about 3.5 s of Dynamo's trace, which launches nothing (it runs on fake tensors).
+
+:class:`KernelWarmUp` runs one small eager step of the model on a thread of its own (a decode beside a two-token
+prefill, so both attention kernels compile, and every norm, rotary and activation kernel of every layer kind
+with them), under its own forward context (contexts are per thread). Most of Triton's compile is code generation
+and ``ptxas`` outside the interpreter's lock, so it overlaps the trace. The backend calls :meth:`KernelWarmUp.wait`
+before any piece runs (``PiecewiseBackend.before_first_run``): no piece's first run compiles a kernel twice, and
+no capture meets the thread's launches (a launch from another thread during a capture in torch's default
+``'global'`` error mode invalidates it).
+
+The step writes its keys and values into KV-cache rows 0 and 1 (positions 0 and 1); the warm-up's own dummy steps
+write there too, and every real sequence rewrites its slots before reading them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import torch
+from torch import nn
+
+from reference.forward_context import ForwardContext, set_forward_context
+from reference.ops import Attention, AttentionMetadata
+
+
+def warm_up_step(max_num_seqs: int, max_model_len: int) -> tuple[list[int], list[int], list[int]]:
+    """The eager step's ``(query_lens, seq_lens, rows)``: a one-token decode (row 0) beside a two-token prefill
+    (row 1) where the KV cache has two rows of at least two tokens; else a two-token prefill, else one token."""
+    if max_num_seqs >= 2 and max_model_len >= 2:
+        return [1, 2], [1, 2], [0, 1]
+    if max_model_len >= 2:
+        return [2], [2], [0]
+    return [1], [1], [0]
+
+
+class KernelWarmUp:
+    """One eager step of ``model`` on a thread, to compile the Triton kernels its custom ops launch.
+
+    Args:
+        model: ``forward(input_ids [T] int64, positions [T] int64) -> [T, H]``, its attention layers' KV caches
+            allocated (``ModelRunner`` does both).
+        max_num_seqs, max_model_len: the KV cache's rows and tokens per row (:func:`warm_up_step`).
+
+    Attributes:
+        thread: the ``threading.Thread`` (named ``'kernel-warm-up'``), None before :meth:`start`.
+        step_s: seconds the step took on its thread (0.0 until it ends).
+        waited_s: seconds :meth:`wait` blocked in all (the part of the step the trace did not hide).
+    """
+
+    THREAD_NAME = "kernel-warm-up"
+
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int):
+        self.model = model
+        self.step = warm_up_step(max_num_seqs, max_model_len)
+        self.max_model_len = max_model_len
+        self.thread: threading.Thread | None = None
+        self.step_s = self.waited_s = 0.0
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Start the step on its thread; returns at once."""
+        self.thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Wait for the step to end (at once before :meth:`start`); its error, if any, is kept for :meth:`join`."""
+        if self.thread is not None:
+            start = time.perf_counter()
+            self.thread.join()
+            self.waited_s += time.perf_counter() - start
+
+    def join(self) -> None:
+        """:meth:`wait`, then raise the step's error.
+
+        Raises:
+            RuntimeError: the step raised; its exception is the ``__cause__``.
+        """
+        self.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(
+                f"the kernel warm-up's eager step failed ({type(error).__name__}: {error}); the first forward "
+                "would fail the same way"
+            ) from error
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._eager_step()
+        except BaseException as error:  # re-raised by join, on the thread that waits for the step
+            self._error = error
+        self.step_s = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _eager_step(self) -> None:
+        query_lens, seq_lens, rows = self.step
+        device = next(self.model.parameters()).device
+        positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
+        metadata = AttentionMetadata.build(query_lens, seq_lens, rows, self.max_model_len, device)
+        layers = {m.layer_name: m for m in self.model.modules() if isinstance(m, Attention)}
+        input_ids = torch.zeros(len(positions), dtype=torch.int64, device=device)  # [T]
+        on_cuda = device.type == "cuda"
+        # Triton launches on the thread's current device, which is not the main thread's
+        with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
+            with set_forward_context(ForwardContext(metadata, layers, "NONE")):
+                self.model(input_ids, torch.tensor(positions, device=device))
+            if on_cuda:
+                torch.cuda.synchronize(device)  # the launches are done before a capture can begin
