@@ -7,13 +7,18 @@ of its own, so every kernel that step launches is compiled while the main thread
 for it before any piece runs (so no capture can meet the thread's launches).
 
 The rules: a forward context belongs to the thread that set it (the warm-up's step and the runner's trace each
-have their own); the warm-up's step leaves no context behind and says why it failed; on CUDA, every custom-op
-kernel a piecewise warm-up launches was compiled on the warm-up's thread, none on the runner's.
+have their own); the step's shape fits any KV cache and leaves no context behind; the runner starts it before the
+trace, a failed step is one warning, a failed trace leaves nothing holding the model; the backend calls its hook
+once before any piece runs; on CUDA, every custom-op kernel a piecewise warm-up and its steps launch was compiled
+on the warm-up's thread, none on the runner's. The runner's wiring runs on a CPU here with ``DEVICE_TYPES``
+widened (on a CPU the step runs torch's kernels, so it compiles nothing).
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -21,9 +26,11 @@ import torch
 from conformance.helpers import build_llama, small_llama_config
 from reference.compilation import cache_key, compilation_counter
 from reference.config import mode_config
+from reference.engine import kernel_warm_up
 from reference.engine.kernel_warm_up import KernelWarmUp, warm_up_step
 from reference.engine.runner import ModelRunner
 from reference.forward_context import ForwardContext, current_forward_context, set_forward_context
+from reference.ops import attention as attention_module
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor]
 
@@ -59,30 +66,32 @@ def _runner(mode: str = "no_inductor", *, device="cpu", dtype=torch.float32, siz
     return ModelRunner(model, config, **(sizes or SIZES))
 
 
-def _spy_on_attention(monkeypatch, runner, fail: Exception | None = None) -> list:
-    """Each call of the first layer's attention appends (thread name, query lens, seq lens, rows, tokens)."""
-    attention = runner.model.model.layers[0].self_attn.attn
-    real, seen = attention.forward, []
+def _spy_on_attention(monkeypatch, fail_on: str | None = None) -> list:
+    """Each call of the first layer's attention (the op's implementation, which Dynamo never traces) appends
+    (thread name, query lens, seq lens, rows, tokens); on the thread named ``fail_on`` it raises instead."""
+    real, seen = attention_module.attention_impl, []
 
-    def spy(q, k, v):
-        md = current_forward_context().attn_metadata
-        seen.append((threading.current_thread().name, md.query_lens, md.seq_lens, md.rows, q.shape[0]))
-        if fail is not None:
-            raise fail
-        return real(q, k, v)
+    def spy(layer, md, q, k, v, out):
+        if layer.layer_name == "model.layers.0.self_attn.attn":
+            thread = threading.current_thread().name
+            seen.append((thread, md.query_lens, md.seq_lens, md.rows, q.shape[0]))
+            if thread == fail_on:
+                raise ValueError("planted")
+        return real(layer, md, q, k, v, out)
 
-    monkeypatch.setattr(attention, "forward", spy)
+    monkeypatch.setattr(attention_module, "attention_impl", spy)
     return seen
 
 
 def test_the_warm_up_is_one_eager_step_of_a_decode_beside_a_prefill_on_its_own_thread(monkeypatch):
     runner = _runner()
-    seen = _spy_on_attention(monkeypatch, runner)
+    seen = _spy_on_attention(monkeypatch)
     kernels = KernelWarmUp(runner.model, **SIZES)
     kernels.start()
-    kernels.join()
+    kernels.wait()
     assert seen == [(KernelWarmUp.THREAD_NAME, [1, 2], [1, 2], [0, 1], 3)]
-    assert kernels.step_s > 0
+    assert kernels.error is None and kernels.step_s > 0
+    assert kernels.model is None, "the warm-up still holds the model after its step"
     cache = runner.model.model.layers[0].self_attn.attn.kv_cache  # [2, R, L, Hkv, D]
     written = cache.abs().sum(dim=(0, 3, 4)) > 0  # [R, L]: the slots the step wrote
     assert written.nonzero().tolist() == [[0, 0], [1, 0], [1, 1]]
@@ -99,24 +108,69 @@ def test_the_warm_up_is_one_eager_step_of_a_decode_beside_a_prefill_on_its_own_t
 def test_the_warm_up_step_fits_a_cache_of_one_row_or_of_one_token_per_row(monkeypatch, sizes, step):
     assert warm_up_step(**sizes) == step
     runner = _runner(sizes=sizes)
-    seen = _spy_on_attention(monkeypatch, runner)
+    seen = _spy_on_attention(monkeypatch)
     kernels = KernelWarmUp(runner.model, **sizes)
     kernels.start()
-    kernels.join()
+    kernels.wait()
+    assert kernels.error is None
     assert [s[1:4] for s in seen] == [tuple(step)]
 
 
-def test_a_failed_warm_up_step_is_raised_by_join_with_its_cause_and_only_once(monkeypatch):
+@pytest.fixture
+def warm_up_on_cpu(monkeypatch):
+    """The runner warms up kernels on a CPU too, so its wiring runs here (its step then runs torch's kernels)."""
+    monkeypatch.setattr(kernel_warm_up, "DEVICE_TYPES", frozenset({"cpu", "cuda"}))
+
+
+def test_the_runner_starts_the_warm_up_before_the_trace_and_records_it(monkeypatch, warm_up_on_cpu):
     runner = _runner()
-    _spy_on_attention(monkeypatch, runner, fail=ValueError("planted"))
-    kernels = KernelWarmUp(runner.model, **SIZES)
-    kernels.start()
-    kernels.wait()  # waiting does not raise: the backend waits inside Dynamo, where an error would be rewrapped
-    with pytest.raises(RuntimeError, match=r"kernel warm-up's eager step failed \(ValueError: planted\)") as caught:
-        kernels.join()
-    assert isinstance(caught.value.__cause__, ValueError)
-    kernels.join()  # reported once
+    seen, first_wait = _spy_on_attention(monkeypatch), []
+    real_wait = KernelWarmUp.wait
+
+    def wait(self):
+        if not first_wait:  # the attention calls made by then, by thread
+            first_wait.append([thread for thread, *_ in seen])
+        real_wait(self)
+
+    monkeypatch.setattr(KernelWarmUp, "wait", wait)
+    stats = runner.warm_up()
+    assert first_wait and "MainThread" not in first_wait[0], "the pieces ran before anything waited for the warm-up"
+    assert seen[0][0] == KernelWarmUp.THREAD_NAME, "the warm-up's step was not the first attention call"
+    assert all(thread != KernelWarmUp.THREAD_NAME for thread, *_ in seen[1:]), "more than one warm-up step"
+    assert stats.kernel_warm_up_s > 0 and stats.kernel_warm_up_wait_s >= 0
+    assert runner.compiled.backend.before_first_run is None
+
+
+def test_a_failed_warm_up_step_is_one_warning_and_the_start_goes_on(monkeypatch, warm_up_on_cpu):
+    """The model's own first step succeeded, so the warm-up's failure (two steps' memory at once, say) costs only
+    the kernels it would have compiled early: a warning naming the cause, not a failed start."""
+    runner = _runner()
+    _spy_on_attention(monkeypatch, fail_on=KernelWarmUp.THREAD_NAME)
+    with pytest.warns(RuntimeWarning, match=r"kernel warm-up: its eager step failed \(ValueError: planted\)"):
+        runner.warm_up()
+    runner.step([[1, 2, 3]], [0], [0])  # the start went on
     assert current_forward_context() is None
+
+
+def test_a_trace_that_raises_waits_for_the_warm_up_and_leaves_no_hook_holding_the_model(monkeypatch, warm_up_on_cpu):
+    """Dynamo keeps every backend it was given for the life of the process: a hook left on it would keep the
+    warm-up, and through it the model and its KV cache, after a failed start."""
+    from reference.compilation import backend as backend_module
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("planted compile failure")
+
+    monkeypatch.setattr(backend_module, "compile_piece", fails)
+    runner = _runner()
+    backend = runner.compiled.backend
+    with pytest.raises(Exception, match="planted compile failure"):
+        runner.warm_up()
+    assert not [t for t in threading.enumerate() if t.name == KernelWarmUp.THREAD_NAME], "the warm-up still runs"
+    assert backend.before_first_run is None
+    model = weakref.ref(runner.model)
+    del runner
+    gc.collect()
+    assert model() is None, "the model outlived its failed start"
 
 
 @pytest.mark.parametrize("start", ["traced", "served by the compile cache"])

@@ -94,6 +94,20 @@ def test_start_returns_at_once_and_wait_blocks_until_the_hash_is_done(triton):
     assert triton.count == 1 and time.perf_counter() - began >= 0.5
 
 
+def test_two_threads_waiting_at_once_both_return_only_once_the_hash_is_done(triton):
+    """The runner's main thread and its kernel warm-up's thread both wait; neither may return (and let Triton
+    compute the hash again beside the prefetch) while it runs."""
+    done, returned = threading.Event(), []
+    triton.fake(seconds=0.3, then=done.set)
+    key_prefetch.start(CUDA)
+    waiters = [threading.Thread(target=lambda: (key_prefetch.wait(), returned.append(done.is_set()))) for _ in "ab"]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(timeout=30)
+    assert returned == [True, True] and triton.count == 1
+
+
 def test_the_hash_runs_on_a_named_daemon_thread_so_it_never_holds_up_the_interpreters_exit(triton):
     running, release = threading.Event(), threading.Event()
     triton.fake(then=lambda: running.set() or release.wait(5))

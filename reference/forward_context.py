@@ -10,17 +10,22 @@ which key (``batch_descriptor``); the full-graph wrapper reads both (vLLM's disp
 
 A context belongs to the thread that set it: the runner's kernel warm-up runs an eager step on a thread of its
 own while the main thread traces the model (:mod:`reference.engine.kernel_warm_up`), each under its own context.
-vLLM keeps one process-wide context; a thread-local one costs the same and lets two steps run at once.
+vLLM keeps one process-wide context; a per-thread one (a ``contextvars.ContextVar``) lets two steps run at once.
+Dynamo cannot trace a context variable's ``get``, so model code that reads the context inside the traced forward
+(which would freeze one step's metadata into a graph traced once) fails at the trace instead of running wrong.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple
 
-_local = threading.local()  # .current: this thread's ForwardContext, or None
+
+# A context variable is per thread (a new thread starts from an empty context) and reads faster than a
+# threading.local attribute.
+_current: contextvars.ContextVar["ForwardContext | None"] = contextvars.ContextVar("forward_context", default=None)
 # vLLM's CUDAGraphMode values for one step: which graphs the step replays.
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
 
@@ -60,16 +65,16 @@ def set_forward_context(context: ForwardContext) -> Iterator[ForwardContext]:
     """Make ``context`` current for the duration of one forward call. Contexts do not nest."""
     if current_forward_context() is not None:
         raise RuntimeError("set_forward_context: a forward context is already active; contexts do not nest")
-    _local.current = context
+    token = _current.set(context)
     try:
         yield context
     finally:
-        _local.current = None
+        _current.reset(token)
 
 
 def current_forward_context() -> ForwardContext | None:
     """This thread's active context, or None outside a forward step."""
-    return getattr(_local, "current", None)
+    return _current.get()
 
 
 def get_forward_context() -> ForwardContext:

@@ -6,10 +6,11 @@ compiler's Python sources and, most of the bytes, ``libtriton.so``), computed on
 else is left to do (perf/NOTES.md v29: 0.52 s of a warm ``no_inductor`` start's 0.61 s compile phase on an
 H100 host; v30: -0.5 s of compile for ``no_inductor`` and ``breakable`` with this module). Hashing the library
 releases the GIL, so a thread started after the start's checks and before the weights load takes it off the
-critical path. :func:`wait`, called by the runner before its first compile, joins the thread, so a hash still
-running is waited for inside the compile phase; since nothing before the runner's warm-up runs a Triton
-kernel (building the model, the runner, the KV cache), Triton never computes it a second time beside the
-thread. A fork waits for the thread too (``os.register_at_fork``), so no child starts with a half-done hash.
+critical path. :func:`wait`, called by the runner before its first compile and by its kernel warm-up's thread
+before its first launch (:mod:`reference.engine.kernel_warm_up`), joins the thread, so a hash still running is
+waited for inside the compile phase; since nothing before the runner's warm-up runs a Triton kernel (building
+the model, the runner, the KV cache), Triton never computes it a second time beside the thread. A fork waits for
+the thread too (``os.register_at_fork``), so no child starts with a half-done hash.
 
 Inductor's like hash of torch's sources (``torch_key()``) is not prefetched: it walks some 2,000 modules in
 Python, holding the GIL, and v30's one warm ``inductor`` start with it prefetched was 1.2 s slower, not faster.
@@ -22,6 +23,7 @@ thread is logged at debug level and fails again, visibly, where Triton calls it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -76,9 +78,12 @@ def start(device: torch.device) -> None:
 
 
 def wait() -> None:
-    """Block until the thread :func:`start` began has finished (at once where none did)."""
-    while _threads:
-        _threads.pop().join()
+    """Block until the thread :func:`start` began has finished (at once where none did). Safe on several threads
+    at once: each joins the thread itself, none returns while it runs."""
+    for thread in list(_threads):
+        thread.join()
+        with contextlib.suppress(ValueError):  # another waiter removed it first
+            _threads.remove(thread)
 
 
 os.register_at_fork(before=wait)

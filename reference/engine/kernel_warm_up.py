@@ -13,6 +13,10 @@ before any piece runs (``PiecewiseBackend.before_first_run``): no piece's first 
 no capture meets the thread's launches (a launch from another thread during a capture in torch's default
 ``'global'`` error mode invalidates it).
 
+Not covered: ``cudagraph_mode='full'``'s attention inside full graphs of every step (the cache write, the
+variable-length kernel and the decode kernel without zeroed padding rows) compiles at the first capture, as
+before; the eager step takes the piecewise path's kernels.
+
 The step writes its keys and values into KV-cache rows 0 and 1 (positions 0 and 1); the warm-up's own dummy steps
 write there too, and every real sequence rewrites its slots before reading them.
 """
@@ -26,8 +30,12 @@ import time
 import torch
 from torch import nn
 
+from reference.compilation import key_prefetch
 from reference.forward_context import ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
+
+# Device types whose custom ops compile a kernel at its first launch (Triton's); the runner warms up only these.
+DEVICE_TYPES = frozenset({"cuda"})
 
 
 def warm_up_step(max_num_seqs: int, max_model_len: int) -> tuple[list[int], list[int], list[int]]:
@@ -52,17 +60,18 @@ class KernelWarmUp:
         thread: the ``threading.Thread`` (named ``'kernel-warm-up'``), None before :meth:`start`.
         step_s: seconds the step took on its thread (0.0 until it ends).
         waited_s: seconds :meth:`wait` blocked in all (the part of the step the trace did not hide).
+        error: the exception the step raised, else None (read it after :meth:`wait`).
     """
 
     THREAD_NAME = "kernel-warm-up"
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int):
-        self.model = model
+        self.model: nn.Module | None = model  # dropped when the step ends
         self.step = warm_up_step(max_num_seqs, max_model_len)
         self.max_model_len = max_model_len
         self.thread: threading.Thread | None = None
         self.step_s = self.waited_s = 0.0
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None
 
     def start(self) -> None:
         """Start the step on its thread; returns at once."""
@@ -70,36 +79,25 @@ class KernelWarmUp:
         self.thread.start()
 
     def wait(self) -> None:
-        """Wait for the step to end (at once before :meth:`start`); its error, if any, is kept for :meth:`join`."""
+        """Wait for the step to end (at once before :meth:`start` or once it has ended); never raises."""
         if self.thread is not None:
             start = time.perf_counter()
             self.thread.join()
             self.waited_s += time.perf_counter() - start
 
-    def join(self) -> None:
-        """:meth:`wait`, then raise the step's error.
-
-        Raises:
-            RuntimeError: the step raised; its exception is the ``__cause__``.
-        """
-        self.wait()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(
-                f"the kernel warm-up's eager step failed ({type(error).__name__}: {error}); the first forward "
-                "would fail the same way"
-            ) from error
-
     def _run(self) -> None:
         start = time.perf_counter()
         try:
             self._eager_step()
-        except BaseException as error:  # re-raised by join, on the thread that waits for the step
-            self._error = error
+        except BaseException as error:  # for the waiting thread to report; this one has no caller
+            self.error = error
+        finally:
+            self.model = None  # the runner holds the model; a failed start must not leave it held here
         self.step_s = time.perf_counter() - start
 
     @torch.inference_mode()
     def _eager_step(self) -> None:
+        key_prefetch.wait()  # Triton's installation hash: computed on its own thread, never twice
         query_lens, seq_lens, rows = self.step
         device = next(self.model.parameters()).device
         positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
@@ -107,7 +105,7 @@ class KernelWarmUp:
         layers = {m.layer_name: m for m in self.model.modules() if isinstance(m, Attention)}
         input_ids = torch.zeros(len(positions), dtype=torch.int64, device=device)  # [T]
         on_cuda = device.type == "cuda"
-        # Triton launches on the thread's current device, which is not the main thread's
+        # Triton launches on this thread's current device, which need not be the main thread's
         with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
             with set_forward_context(ForwardContext(metadata, layers, "NONE")):
                 self.model(input_ids, torch.tensor(positions, device=device))

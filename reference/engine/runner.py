@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import dataclasses
 import itertools
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -43,6 +45,7 @@ from reference.compilation import compilation_counter, compile_model, key_prefet
 from reference.compilation.backend import PiecewiseBackend
 from reference.config import CompilationConfig
 from reference.engine.arguments import check_within_positions
+from reference.engine import kernel_warm_up
 from reference.engine.graph_plan import plan_graphs
 from reference.engine.kernel_warm_up import KernelWarmUp
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
@@ -381,7 +384,10 @@ class ModelRunner:
 
         Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA, while the reference's
         backend traces the model, one eager step on a thread compiles the custom ops' Triton kernels
-        (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs, and its error is raised here.
+        (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
+
+        Warns:
+            RuntimeWarning: that step failed where the model's own first step did not.
 
         Args:
             progress: called with the name of each stage as it starts: ``'compile'``, then
@@ -395,16 +401,9 @@ class ModelRunner:
         sees_one_token = 1 in self.capture_sizes or 1 in self.full_sizes or not (self.capture_sizes or self.full_sizes)
         report("compile")
         hits, start = compilation_counter.num_cache_hits, time.perf_counter()
-        kernels = self._start_kernel_warm_up()
-        try:
+        with self._kernel_warm_up():
             key_prefetch.wait()  # the compilers' installation hashes, begun before the weights loaded
             self._dummy_step(first)  # forward() pads the tracing call to 2 tokens if needed
-        finally:
-            if kernels is not None:
-                kernels.wait()  # the backend waited before the pieces ran; this covers a trace that raised
-        if kernels is not None:
-            kernels.join()  # the warm-up's error, if the model's own first step did not raise it first
-            self.startup.kernel_warm_up_s, self.startup.kernel_warm_up_wait_s = kernels.step_s, kernels.waited_s
         if self.config.level > 0 and sees_one_token and not captures_one_token:
             # Dynamo specializes a 1-token call: an implementation that keeps Dynamo's guards (torch-native)
             # compiles a second graph for it, here rather than at the first 1-token step it serves
@@ -433,16 +432,41 @@ class ModelRunner:
             self.startup.full_capture_sizes = tuple(sorted(self.full_sizes, reverse=True))
         return self.startup
 
-    def _start_kernel_warm_up(self) -> KernelWarmUp | None:
-        """On CUDA, before the reference's backend traces the model: start compiling the custom ops' kernels on
-        a thread (:mod:`.kernel_warm_up`), which the backend waits for before any piece runs."""
+    @contextlib.contextmanager
+    def _kernel_warm_up(self) -> Iterator[None]:
+        """Around the first call, where the reference's backend traces the model on a device whose custom ops
+        compile kernels at their first launch: those kernels compile on a thread meanwhile (:mod:`.kernel_warm_up`).
+        The backend waits for it before any piece runs; so does the block's end, if the trace raised.
+
+        Warns:
+            RuntimeWarning: the warm-up's step failed where the model's own first step did not (its kernels then
+                compile at their first launch, as without a warm-up).
+        """
         backend = getattr(self.compiled, "backend", None)
-        if self.device.type != "cuda" or not isinstance(backend, PiecewiseBackend) or not self.compiled.awaits_trace:
-            return None
+        if (
+            self.device.type not in kernel_warm_up.DEVICE_TYPES
+            or not isinstance(backend, PiecewiseBackend)
+            or not getattr(self.compiled, "awaits_trace", False)
+        ):
+            yield
+            return
         kernels = KernelWarmUp(self.model, self.max_num_seqs, self.max_model_len)
         backend.before_first_run = kernels.wait
         kernels.start()
-        return kernels
+        try:
+            yield
+        finally:
+            backend.before_first_run = None  # uncalled after a trace that raised; Dynamo keeps its backends alive
+            kernels.wait()
+        self.startup.kernel_warm_up_s, self.startup.kernel_warm_up_wait_s = kernels.step_s, kernels.waited_s
+        if kernels.error is not None:
+            error = kernels.error
+            warnings.warn(
+                f"kernel warm-up: its eager step failed ({type(error).__name__}: {error}) where the model's first step "
+                "did not; the kernels it would have compiled compile at their first launch instead",
+                RuntimeWarning,
+                stacklevel=4,  # warm_up's caller
+            )
 
     def _dummy_step(self, num_tokens: int) -> None:
         """Run ``num_tokens`` dummy tokens, one cache row per ``max_model_len`` of them. Every size the warm-up
