@@ -7,8 +7,10 @@ phase, against about 3.5 s of Dynamo's trace, which launches nothing (it runs on
 
 :class:`KernelWarmUp` runs one small eager step of the model on a thread of its own (a decode beside a two-token
 prefill, so both attention kernels compile, and every norm, rotary and activation kernel of every layer kind
-with them), under its own forward context (contexts are per thread). Most of Triton's compile is code generation
-and ``ptxas`` outside the interpreter's lock, so it overlaps the trace. The backend calls :meth:`KernelWarmUp.wait`
+with them), under its own forward context (contexts are per thread). Part of Triton's compile (LLVM, ``ptxas``)
+runs outside the interpreter's lock and overlaps the trace; its code generator is Python and takes turns with the
+trace, so the step takes longer than its compiles alone (perf/NOTES.md v39, where Inductor's own Python loses
+more to it than the step saves). The backend calls :meth:`KernelWarmUp.wait`
 before any piece runs (``PiecewiseBackend.before_first_run``): no piece's first run compiles a kernel twice, and
 no capture meets the thread's launches (a launch from another thread during a capture in torch's default
 ``'global'`` error mode invalidates it).
