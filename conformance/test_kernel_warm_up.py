@@ -8,9 +8,10 @@ for it before any piece runs (so no capture can meet the thread's launches).
 
 The rules: a forward context belongs to the thread that set it (the warm-up's step and the runner's trace each
 have their own); the step's shape fits any KV cache and leaves no context behind; the runner starts it before the
-trace, a failed step is one warning, a failed trace leaves nothing holding the model; the backend calls its hook
-once before any piece runs; on CUDA, every custom-op kernel a piecewise warm-up and its steps launch was compiled
-on the warm-up's thread, none on the runner's. The runner's wiring runs on a CPU here with ``DEVICE_TYPES``
+trace, and only for a start that traces (not one the compile cache serves) without Inductor; a failed step is one
+warning, a failed trace leaves nothing holding the model; the backend calls its hook once before any piece runs;
+on CUDA, every custom-op kernel a piecewise warm-up and its steps launch was compiled on the warm-up's thread,
+none on the runner's. The runner's wiring runs on a CPU here with ``DEVICE_TYPES``
 widened (on a CPU the step runs torch's kernels, so it compiles nothing).
 """
 
@@ -188,6 +189,52 @@ def test_the_backend_calls_before_first_run_once_after_compiling_and_before_any_
     assert calls == [False], "called once, before the first piece and attention ran (the KV cache still zero)"
     assert cache.any()
     assert compilation_counter.num_cache_hits - hits == (start != "traced")
+
+
+def _warm_up_starts(monkeypatch) -> list[str]:
+    """Each start of a kernel warm-up from now on appends the name of the thread that started it."""
+    real_start, started = KernelWarmUp.start, []
+
+    def start(self):
+        started.append(threading.current_thread().name)
+        real_start(self)
+
+    monkeypatch.setattr(KernelWarmUp, "start", start)
+    return started
+
+
+@pytest.mark.parametrize("start", ["traced", "traced, writing its cache entry", "served by the compile cache"])
+def test_the_runner_warms_up_kernels_only_for_a_start_that_traces(monkeypatch, tmp_path, warm_up_on_cpu, start):
+    """A start the compile cache serves runs no trace for the step to hide behind: on an H100 a warm 8B
+    ``no_inductor`` start waited 0.24-0.28 s for a warm-up it did not need (perf/NOTES.md v39)."""
+    if start != "traced":
+        monkeypatch.setenv(cache_key.DISABLE_ENV, "0")
+    if start == "served by the compile cache":
+        _runner(cache_dir=str(tmp_path)).warm_up()  # writes the entry the next start is served
+    runner = _runner(cache_dir=str(tmp_path))
+    started, hits = _warm_up_starts(monkeypatch), compilation_counter.num_cache_hits
+    stats = runner.warm_up()
+    served = compilation_counter.num_cache_hits - hits == 1
+    assert served == (start == "served by the compile cache")
+    assert started == ([] if served else ["MainThread"])
+    assert (stats.kernel_warm_up_s > 0) == (not served)
+    assert runner.compiled.before_trace is None and runner.compiled.backend.before_first_run is None
+
+
+@pytest.mark.inductor
+def test_the_runner_warms_up_no_kernels_for_inductor(monkeypatch, warm_up_on_cpu):
+    """Inductor's pieces launch kernels of its own, compiled in its compile phase, and the step's Python would
+    take turns with Inductor's: an 8B ``inductor`` start on an H100 was about 1 s slower with it, warm and cold
+    (perf/NOTES.md v39). Inductor itself is stubbed out (each piece runs as traced): what is checked is the
+    runner's choice, made from ``use_inductor``."""
+    from reference.compilation import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "compile_piece", lambda module, config: module)
+    runner = _runner("inductor")
+    started = _warm_up_starts(monkeypatch)
+    stats = runner.warm_up()
+    assert started == [] and stats.kernel_warm_up_s == 0
+    runner.step([[1, 2, 3]], [0], [0])
 
 
 def _triton_compiles(monkeypatch) -> list[tuple[str, str]]:

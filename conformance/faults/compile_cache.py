@@ -13,6 +13,7 @@ from reference.compilation.backend import PiecewiseBackend
 _real_cache_factors = cache_key.cache_factors
 _real_read_entry = compile_cache.read_entry
 _real_load = PiecewiseBackend.load
+_real_use_compile_cache = capture.CompiledModel._use_compile_cache
 
 
 def _key_without(edit):
@@ -49,6 +50,13 @@ def _read_unwrapped(folder, key, factors, build):
     """``read_entry`` loading Inductor's artifacts with no partition wrapper installed."""
     with partition_graph.partition_wrappers(None):
         return _real_read_entry(folder, key, factors, build)
+
+
+def _hit_taken_for_a_trace(self, args):
+    """``CompiledModel._use_compile_cache`` that reports every first call as a trace, hit or not: the runner's
+    kernel warm-up starts for a start the cache serves, which has no trace to hide it behind."""
+    _real_use_compile_cache(self, args)
+    return False
 
 
 def _load_without_waiting(self, entry, on_cuda):
@@ -161,5 +169,13 @@ FAULTS = [
         "thread (only a trace waits), so a capture can meet that thread's launches",
         plant=patches(mock.patch.object(PiecewiseBackend, "load", _load_without_waiting)),
         tests="test_the_backend_calls_before_first_run_once_after_compiling_and_before_any_piece_runs",
+    ),
+    Fault(
+        id="kernel-warm-up-on-a-cache-hit",
+        kind="cache",
+        description="the compiled model calls before_trace on a compile-cache hit too, so a warm start runs the "
+        "kernel warm-up's step with no trace to hide it and waits for it",
+        plant=patches(mock.patch.object(capture.CompiledModel, "_use_compile_cache", _hit_taken_for_a_trace)),
+        tests="test_the_runner_warms_up_kernels_only_for_a_start_that_traces",
     ),
 ]

@@ -187,6 +187,11 @@ def _prefill_alone(max_num_seqs, max_model_len):
     return [2], [2], [0]
 
 
+def _wanted_whatever_the_compiler(device, config):
+    """The kernel warm-up's choice without ``use_inductor``: an Inductor start pays for a step it does not need."""
+    return device.type in kernel_warm_up.DEVICE_TYPES
+
+
 FAULTS = [
     Fault(
         id="logits-gathered-behind-the-padding",
@@ -334,5 +339,13 @@ FAULTS = [
         "compiles on the main thread, at the first decode graph's capture",
         plant=patches(mock.patch.object(kernel_warm_up, "warm_up_step", _prefill_alone)),
         tests="test_kernel_warm_up",
+    ),
+    Fault(
+        id="kernel-warm-up-with-inductor",
+        kind="runner",
+        description="the runner starts the kernel warm-up for an Inductor start too, whose kernels are Inductor's "
+        "own, so the step only takes the interpreter's lock from Inductor's compile",
+        plant=patches(mock.patch.object(kernel_warm_up, "wanted", _wanted_whatever_the_compiler)),
+        tests="test_the_runner_warms_up_no_kernels_for_inductor",
     ),
 ]

@@ -13,7 +13,9 @@ the model returns tensors whose first dimension is T as well.
   caller can plausibly get wrong, the arguments' dtype, device and non-token dimensions, on every call.
 
 Levels 2 and 3 keep what the first call traced and compiled in the compile cache (:mod:`.compile_cache`),
-looked up at the first call: a hit runs the stored split graph directly, without Dynamo.
+looked up at the first call: a hit runs the stored split graph directly, without Dynamo. A miss (or no cache)
+calls ``CompiledModel.before_trace``, if set, just before Dynamo traces: the runner starts its kernel warm-up
+there, which a start served by the cache does not need.
 
 With full graphs (``cudagraph_mode`` ``'full_decode_only'`` or ``'full_and_piecewise'``) the result is
 wrapped once more, at any level, in :class:`.full_graph.FullCUDAGraphs`.
@@ -80,6 +82,9 @@ class CompiledModel:
         backend: the :class:`PiecewiseBackend` (None at level 0).
         breakable: the :class:`BreakableCUDAGraphs` (level 0 with piecewise graphs), else None.
         full_graphs: the :class:`FullCUDAGraphs` (with full graphs), else None.
+        before_trace: None, or a callable called once (levels 2-3), at the first call, when it is about to
+            trace the model: after the compile cache missed, or with no cache. Not called on a hit. The runner
+            starts its kernel warm-up there (:mod:`reference.engine.kernel_warm_up`).
     """
 
     def __init__(self, model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True):
@@ -92,6 +97,7 @@ class CompiledModel:
         self._cache_writer: CacheWriter | None = None
         self._signature = None
         self._called = False
+        self.before_trace: Callable[[], None] | None = None
         if config.breakable:
             if config.splitting_ops:
                 check_splitting_ops_exist(config.splitting_ops)
@@ -135,16 +141,16 @@ class CompiledModel:
         writer.finish(output)
         return output
 
-    def _use_compile_cache(self, args) -> None:
+    def _use_compile_cache(self, args) -> bool:
         """At the first call (levels 2-3): serve the model from its compile-cache entry, or have the trace write
-        one (:mod:`.compile_cache`)."""
+        one (:mod:`.compile_cache`). Returns whether the entry serves it (else the call traces)."""
         folder = cache_folder(self.config)
         if folder is None:
-            return
+            return False
         reason = uncachable(self.config)
         if reason:
             warnings.warn(f"compile cache: {reason}; this start is not cached", RuntimeWarning, stacklevel=3)
-            return
+            return False
         factors = cache_factors(self._model, self.config, args)
         key = cache_key(factors)
         on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -158,9 +164,10 @@ class CompiledModel:
         if forward is None:
             compilation_counter.num_cache_misses += 1
             self._cache_writer = self.backend.cache_writer = CacheWriter(folder, key, factors, self._model, args)
-            return
+            return False
         compilation_counter.num_cache_hits += 1
         self._compiled = forward
+        return True
 
     @property
     def awaits_trace(self) -> bool:
@@ -174,14 +181,20 @@ class CompiledModel:
         if self.config.level >= 2 and (self._signature is None or self.check_inputs):
             first = self._signature is None
             self._check_or_mark_dynamic(args)
-            if first:
-                self._use_compile_cache(args)
+            if first and not self._use_compile_cache(args):
+                self._before_trace()
         try:
             return self._forward(*args)
         except torch._dynamo.exc.BackendCompilerFailed as err:
             if isinstance(err.inner_exception, ConfigError):  # the backend refused the config: say so plainly
                 raise err.inner_exception from None
             raise
+
+    def _before_trace(self) -> None:
+        """Call ``before_trace`` once."""
+        hook, self.before_trace = self.before_trace, None
+        if hook is not None:
+            hook()
 
     def _check_or_mark_dynamic(self, args) -> None:
         if self._signature is not None:

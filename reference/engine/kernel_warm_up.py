@@ -33,11 +33,24 @@ import torch
 from torch import nn
 
 from reference.compilation import key_prefetch
+from reference.config import CompilationConfig
 from reference.forward_context import ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata
 
 # Device types whose custom ops compile a kernel at its first launch (Triton's); the runner warms up only these.
 DEVICE_TYPES = frozenset({"cuda"})
+
+
+def wanted(device: torch.device, config: CompilationConfig) -> bool:
+    """Whether a start on ``device`` under ``config`` warms up kernels: on a device of ``DEVICE_TYPES``, with
+    ``use_inductor=False``.
+
+    Not with Inductor: its pieces launch kernels of its own, compiled in its compile phase, and the step's Python
+    (Triton's code generator) takes turns for the interpreter's lock with Inductor's, which made an 8B ``inductor``
+    start about 1 s slower, warm and cold, on an H100 (perf/NOTES.md v39). The runner also skips the warm-up
+    when the compile cache serves the start (``CompiledModel.before_trace`` is called only before a trace).
+    """
+    return device.type in DEVICE_TYPES and not config.use_inductor
 
 
 def warm_up_step(max_num_seqs: int, max_model_len: int) -> tuple[list[int], list[int], list[int]]:

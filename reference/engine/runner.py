@@ -44,8 +44,8 @@ from torch import nn
 from reference.compilation import compilation_counter, compile_model, key_prefetch
 from reference.compilation.backend import PiecewiseBackend
 from reference.config import CompilationConfig
-from reference.engine.arguments import check_within_positions
 from reference.engine import kernel_warm_up
+from reference.engine.arguments import check_within_positions
 from reference.engine.graph_plan import plan_graphs
 from reference.engine.kernel_warm_up import KernelWarmUp
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
@@ -69,7 +69,8 @@ class StartupStats:
         compile_cache_hits: entries the project's compile cache served during the compile (0: compiled cold,
             or the cache is off), so a ``compile_s`` read from the cache is not taken for a compile.
         kernel_warm_up_s: seconds the kernel warm-up's eager step took on its thread, inside ``compile_s``
-            (:mod:`.kernel_warm_up`; 0.0 where none ran: a CPU, level 0 or 1, another implementation's model).
+            (:mod:`.kernel_warm_up`; 0.0 where none ran: a CPU, level 0 or 1, Inductor, a compile-cache hit,
+            another implementation's model).
         kernel_warm_up_wait_s: seconds the compile waited for that step after the trace (the part not hidden).
     """
 
@@ -382,9 +383,9 @@ class ModelRunner:
         makes one) and, on CUDA, capture every piecewise size (but 1 when full graphs serve it), then every
         full-graph size, largest first; returns the costs.
 
-        Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA, while the reference's
-        backend traces the model, one eager step on a thread compiles the custom ops' Triton kernels
-        (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
+        Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA without Inductor, while
+        the reference's backend traces the model, one eager step on a thread compiles the custom ops' Triton
+        kernels (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
 
         Warns:
             RuntimeWarning: that step failed where the model's own first step did not.
@@ -435,8 +436,10 @@ class ModelRunner:
     @contextlib.contextmanager
     def _kernel_warm_up(self) -> Iterator[None]:
         """Around the first call, where the reference's backend traces the model on a device whose custom ops
-        compile kernels at their first launch: those kernels compile on a thread meanwhile (:mod:`.kernel_warm_up`).
-        The backend waits for it before any piece runs; so does the block's end, if the trace raised.
+        compile kernels at their first launch, without Inductor (:func:`.kernel_warm_up.wanted`): those kernels
+        compile on a thread meanwhile (:mod:`.kernel_warm_up`), started just before the trace, so not when the
+        compile cache serves the start. The backend waits for it before any piece runs; so does the block's end,
+        if the trace raised.
 
         Warns:
             RuntimeWarning: the warm-up's step failed where the model's own first step did not (its kernels then
@@ -444,19 +447,20 @@ class ModelRunner:
         """
         backend = getattr(self.compiled, "backend", None)
         if (
-            self.device.type not in kernel_warm_up.DEVICE_TYPES
+            not kernel_warm_up.wanted(self.device, self.config)
             or not isinstance(backend, PiecewiseBackend)
             or not getattr(self.compiled, "awaits_trace", False)
         ):
             yield
             return
         kernels = KernelWarmUp(self.model, self.max_num_seqs, self.max_model_len)
-        backend.before_first_run = kernels.wait
-        kernels.start()
+        # a start the compile cache serves never starts it, and kernels.wait() then returns at once
+        self.compiled.before_trace, backend.before_first_run = kernels.start, kernels.wait
         try:
             yield
         finally:
-            backend.before_first_run = None  # uncalled after a trace that raised; Dynamo keeps its backends alive
+            # uncalled after a cache hit (before_trace) or a trace that raised; Dynamo keeps its backends alive
+            self.compiled.before_trace = backend.before_first_run = None
             kernels.wait()
         self.startup.kernel_warm_up_s, self.startup.kernel_warm_up_wait_s = kernels.step_s, kernels.waited_s
         if kernels.error is not None:
