@@ -8,7 +8,7 @@ from unittest import mock
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import backend, breakable, cuda_graph, split
+from reference.compilation import backend, breakable, cuda_graph, piece_key, split
 from reference.compilation import compile_piece as compile_piece_module
 from reference.compilation.compile_piece import SizeDispatch
 from reference.compilation.counters import compilation_counter
@@ -73,6 +73,21 @@ def _round_up_to_a_compile_size(self, *args):
     size = args[self.size_args[0]]
     larger = [s for s in sorted(self.static) if s >= size]
     return (self.static[larger[0]] if larger else self.generic)(*args)
+
+
+_real_argument = piece_key._argument
+
+
+def _literals_unseen(value, positions):
+    """The piece key's arguments with every literal alike: only the nodes they refer to are told apart."""
+    if isinstance(value, (tuple, list, dict, slice, torch.fx.Node)):
+        return _real_argument(value, positions)
+    return ("literal",)
+
+
+def _inputs_undescribed(node):
+    """The piece key's graph inputs without their metadata: any two tensors look alike."""
+    return ("input",)
 
 
 FAULTS = [
@@ -152,5 +167,21 @@ FAULTS = [
         ),
         tests="dead_graph",
         bug="https://github.com/pytorch/pytorch/pull/161037",
+    ),
+    Fault(
+        id="piece-key-blind-to-literals",
+        kind="compile",
+        description="the key that lets identical pieces share one Inductor compile ignores the graph's literals, so "
+        "a layer with another scale (or epsilon, or softcap) runs the first layer's compiled constant",
+        plant=patches(mock.patch.object(piece_key, "_argument", _literals_unseen)),
+        tests="test_piece_key",
+    ),
+    Fault(
+        id="piece-key-blind-to-input-metadata",
+        kind="compile",
+        description="the key that lets identical pieces share one Inductor compile ignores its inputs' shapes, "
+        "strides and dtypes, so a piece runs code generated for another layout",
+        plant=patches(mock.patch.object(piece_key, "_input_metadata", _inputs_undescribed)),
+        tests="test_piece_key",
     ),
 ]

@@ -52,6 +52,15 @@ def _read_unwrapped(folder, key, factors, build):
         return _real_read_entry(folder, key, factors, build)
 
 
+def _artifact_files_by_kind(self):
+    """``CacheWriter._artifact_files`` telling artifacts apart by their class, not by which object each is, so
+    every piece is stored as the first piece's artifact, and a warm start runs it for all of them."""
+    files, by_kind = {}, {}
+    for name in sorted(self._artifacts):
+        files[name] = by_kind.setdefault(type(self._artifacts[name]), name)
+    return files, {file: self._artifacts[file] for file in set(files.values())}
+
+
 def _hit_taken_for_a_trace(self, args):
     """``CompiledModel._use_compile_cache`` that reports every first call as a trace, hit or not: the runner's
     kernel warm-up starts for a start the cache serves, which has no trace to hide it behind."""
@@ -177,5 +186,13 @@ FAULTS = [
         "kernel warm-up's step with no trace to hide it and waits for it",
         plant=patches(mock.patch.object(capture.CompiledModel, "_use_compile_cache", _hit_taken_for_a_trace)),
         tests="test_the_runner_warms_up_kernels_only_for_a_start_that_traces",
+    ),
+    Fault(
+        id="one-artifact-for-every-piece",
+        kind="cache",
+        description="the compile cache stores pieces that share a compile in one file, but tells them apart by the "
+        "artifact's class, so every piece is stored, and served warm, as the first piece's compile",
+        plant=patches(mock.patch.object(compile_cache.CacheWriter, "_artifact_files", _artifact_files_by_kind)),
+        tests="test_piece_key or warm_start",
     ),
 ]

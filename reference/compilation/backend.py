@@ -3,7 +3,8 @@
 ``torch.compile(fn, backend=PiecewiseBackend(config))`` hands us Dynamo's FX graph once. At level 3 we
 split it at ``config.splitting_ops`` (:mod:`.split`), compile every other piece for the symbolic token
 count (:mod:`.compile_piece`; with ``compile_sizes`` also once per listed count, routed by a
-:class:`~.compile_piece.SizeDispatch`) and, with piecewise graphs (``cudagraph_mode`` ``'piecewise'`` or
+:class:`~.compile_piece.SizeDispatch`; with Inductor once per distinct program, identical layers' pieces
+sharing it, :mod:`.piece_key`) and, with piecewise graphs (``cudagraph_mode`` ``'piecewise'`` or
 ``'full_and_piecewise'``) on CUDA, wrap each compiled piece
 in a :class:`.cuda_graph.CUDAGraphPiece`. Splitting-op pieces run eagerly, calling the op's registered
 Python function directly when it has one. At levels 1 and 2 the whole graph is compiled as one piece,
@@ -23,6 +24,7 @@ from reference.compilation.compile_piece import SizeDispatch, compile_piece, com
 from reference.compilation.counters import compilation_counter
 from reference.compilation.cuda_graph import CUDAGraphPiece
 from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
+from reference.compilation.piece_key import piece_key
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.config import CompilationConfig, ConfigError
@@ -232,14 +234,29 @@ class PiecewiseBackend:
         if partition and self.config.piecewise_graphs:
             _check_partition_cuts_write_into_buffers(gm, cuts)
         with self.partition_graphs(_on_cuda(gm)):
-            compiled = {p.name: compile_piece(p.module, self.config) for p in pieces if not p.is_splitting_op}
-            static = {name: compile_static(p.module, self.config, size_args[name]) for name, p in _by_name(pieces)}
+            compiled, static = self._compile(pieces, size_args)
         if self.cache_writer is not None:
             self.cache_writer.compiled(compiled, static)
         compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
         self._ready_to_run()
         return split
+
+    def _compile(self, pieces: list[Piece], size_args: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
+        """Each piece that is not a splitting op compiled (piece name -> callable), and its static-shape compiles
+        (piece name -> token count -> callable). With Inductor, once per program (:mod:`.piece_key`): a piece
+        whose key an earlier piece has takes that piece's callables."""
+        compiled, static, first_of = {}, {}, {}
+        for name, piece in _by_name(pieces):
+            key = piece_key(piece.module) if self.config.use_inductor else None
+            twin = name if key is None else first_of.setdefault(key, name)
+            if twin != name:
+                compiled[name], static[name] = compiled[twin], static[twin]
+                compilation_counter.num_compiles_shared += 1
+                continue
+            compiled[name] = compile_piece(piece.module, self.config)
+            static[name] = compile_static(piece.module, self.config, size_args[name])
+        return compiled, static
 
     def load(self, entry: Entry, on_cuda: bool) -> Callable:
         """The split module of a compile-cache entry, its pieces as a trace would have installed them:

@@ -29,7 +29,7 @@ from reference.config import CompilationConfig, ConfigError
 FOLDER_ENV = "REFERENCE_COMPILE_CACHE"
 DISABLE_ENV = "REFERENCE_DISABLE_COMPILE_CACHE"
 # The entry layout; a change of it must miss every older entry.
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2
 # Compilation fields that shape what an entry holds. Left out, on purpose: cudagraph_num_of_warmups and the
 # debug switches (they act around the pieces, rebuilt on every start) and cache_dir itself.
 GRAPH_FIELDS = (

@@ -13,7 +13,8 @@ An entry is a folder ``<cache folder>/<key>/``:
   graphs means tracing the code again), where each graph input comes from, how the graph's outputs make the
   model's, each piece's size arguments and how a splitting op is called;
 * ``<piece>.bin``: a piece's Inductor artifact (``torch._inductor.CompiledArtifact``, binary format), and
-  ``<piece>@<size>.bin`` its static-shape compile at each of ``compile_sizes``;
+  ``<piece>@<size>.bin`` its static-shape compile at each of ``compile_sizes``; pieces that share one compile
+  (:mod:`.piece_key`) share its file, named after the first of them, and a hit loads it once;
 * ``manifest.json``: written last, the size and SHA-256 of every other file.
 
 Writes go to a temporary folder beside the entry, renamed into place, so a reader sees a whole entry or
@@ -222,7 +223,9 @@ def read_entry(folder: Path, key: str, factors: dict[str, Any], build: Callable[
         meta = json.loads((path / _META).read_text())
         from torch._inductor import CompiledArtifact
 
-        artifacts = {name: CompiledArtifact.load(path=str(path / f"{name}.bin")) for name in meta["inductor_pieces"]}
+        files = meta["inductor_artifacts"]  # artifact name -> the file holding it
+        loaded = {file: CompiledArtifact.load(path=str(path / f"{file}.bin")) for file in sorted(set(files.values()))}
+        artifacts = {name: loaded[file] for name, file in files.items()}
         bindings = [tuple(b) for b in meta["bindings"]]
         return build(Entry(meta["split"], meta["pieces"], bindings, tuple(meta["outputs"]), artifacts))
     except Exception as err:  # any failure to read is the entry's, never the start's: compile again
@@ -251,7 +254,7 @@ def write_entry(
 
     Args:
         files: file name -> contents (``entry.json``); ``factors.json`` is added.
-        artifacts: piece name -> Inductor artifact, saved as ``<name>.bin``.
+        artifacts: file name -> Inductor artifact, saved as ``<name>.bin``.
         refused: :func:`entry_identity` of the entry this start found unusable, which ours replaces; an entry
             found in its place that is something else, and whole, is another process's: it is kept.
 
@@ -311,8 +314,9 @@ class CacheWriter:
     and writes nothing.
 
     Args:
-        folder, key, factors: where the entry goes and what it is keyed on (:func:`~reference.compilation.cache_key.cache_factors`). Made
-            right after the lookup missed: whatever lies at ``folder/key`` now is what the lookup refused.
+        folder, key, factors: where the entry goes and what it is keyed on
+            (:func:`~reference.compilation.cache_key.cache_factors`). Made right after the lookup missed: whatever
+            lies at ``folder/key`` now is what the lookup refused.
         model, args: the model and the arguments of the traced call (to bind the graph's inputs).
     """
 
@@ -369,6 +373,15 @@ class CacheWriter:
             if not piece["splitting_op"]:
                 piece["compile_sizes"] = sorted(static.get(piece["name"], {}))
 
+    def _artifact_files(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """(artifact name -> file name, file name -> artifact): one file per artifact object, named after the
+        first (sorted) of the pieces that share it."""
+        files, by_object = {}, {}
+        for name in sorted(self._artifacts):
+            artifact = self._artifacts[name]
+            files[name] = by_object.setdefault(id(artifact), name)
+        return files, {file: self._artifacts[file] for file in set(files.values())}
+
     def finish(self, output) -> bool:
         """Write the entry now that the first call returned ``output``; True if written."""
         if self._meta is None:
@@ -377,9 +390,10 @@ class CacheWriter:
         if isinstance(spec, str):
             self._give_up(spec)
             return False
-        meta = {**self._meta, "outputs": spec, "inductor_pieces": sorted(self._artifacts)}
+        names, artifacts = self._artifact_files()
+        meta = {**self._meta, "outputs": spec, "inductor_artifacts": names}
         self._meta = self._model = self._args = None
         files = {_META: (json.dumps(meta, indent=1) + "\n").encode()}
-        written = write_entry(self.folder, self.key, self.factors, files, self._artifacts, self._refused)
+        written = write_entry(self.folder, self.key, self.factors, files, artifacts, self._refused)
         compilation_counter.num_cache_entries_written += written
         return written

@@ -20,10 +20,13 @@ class CompilationCounter:
         num_graphs_seen: Dynamo graphs handed to our backend.
         num_piecewise_graphs_seen: pieces after splitting, splitting-op pieces included.
         num_piecewise_capturable_graphs_seen: pieces that are not splitting ops (compiled, capturable).
-        num_backend_compilations: compilations of a piece (or whole graph), by either compiler: one per piece,
-            and one more per ``compile_sizes`` entry for a piece with a token-count argument.
+        num_backend_compilations: compilations of a piece (or whole graph), by either compiler: one per piece
+            (with Inductor, per distinct piece: ``num_compiles_shared``), and one more per ``compile_sizes``
+            entry for a piece with a token-count argument.
         num_inductor_compiles: compilations done by Inductor (static-shape ones for ``compile_sizes`` too).
         num_eager_compiles: compilations that kept the piece as eager FX code.
+        num_compiles_shared: pieces that took the compiles of an earlier piece of the same program instead of
+            compiling (Inductor only; :mod:`.piece_key`): the backend's compilations are one per distinct piece.
         num_cudagraph_captured: piecewise CUDA graphs captured (one per capturable piece and capture size;
             for breakable graphs one per segment and capture size).
         num_full_cudagraph_captured: full CUDA graphs captured (one per decode batch descriptor).
@@ -43,6 +46,7 @@ class CompilationCounter:
     num_backend_compilations: int = 0
     num_inductor_compiles: int = 0
     num_eager_compiles: int = 0
+    num_compiles_shared: int = 0
     num_cudagraph_captured: int = 0
     num_full_cudagraph_captured: int = 0
     num_cudagraph_replays: int = 0
