@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.helpers import build_llama, small_llama_config
+from conformance.helpers import DEVICES, build_llama, small_llama_config
 from reference.compilation import backend as backend_module
 from reference.compilation import cache_key, compilation_counter, compile_model
 from reference.compilation.piece_key import piece_key
@@ -141,15 +141,20 @@ def test_with_inductor_each_program_compiles_once_and_each_piece_computes_its_ow
 
 
 @pytest.mark.inductor
-def test_sharing_a_compile_changes_no_bit_of_the_output(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sharing_a_compile_changes_no_bit_of_the_output(monkeypatch, device):
     """The same 4-layer Llama under ``inductor`` with each piece compiled on its own (the key switched off)
-    gives the same logits, bitwise: a shared compile is the same generated code."""
+    gives the same logits: bitwise on a CPU, where a shared compile is the same generated code. On CUDA, where
+    the middle pieces' piecewise graphs then capture one shared compile with three layers' weights, to float32's
+    reassociation error (assert_close's float32 defaults): Inductor's Triton kernels pick a launch config by
+    timing at each compile's first launch, so two compiles of one program may add in another order (the
+    compile cache's warm-start rule measured 1.2e-6); another layer's weights would be off by far more."""
     from conformance.driver import prefill_and_decode
     from reference.engine.runner import ModelRunner
 
     def logits() -> list[torch.Tensor]:
         config = mode_config("inductor", cudagraph_capture_sizes=[1, 2, 4])
-        model = build_llama(small_llama_config(num_hidden_layers=4), config)
+        model = build_llama(small_llama_config(num_hidden_layers=4), config, device=device)
         runner = ModelRunner(model, config, max_num_seqs=4, max_model_len=16)
         steps = prefill_and_decode({"run": runner}, [[1, 2, 3], [4, 5, 6, 7, 8]], num_decode=2, leader="run")
         return steps["run"]
@@ -159,8 +164,9 @@ def test_sharing_a_compile_changes_no_bit_of_the_output(monkeypatch):
     assert compilation_counter.num_compiles_shared - shared == 2, "the 4 layers' 3 middle pieces did not share"
     monkeypatch.setattr(backend_module, "piece_key", lambda module: None)
     alone = logits()
-    for a, b in zip(with_sharing, alone):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    exact = {"rtol": 0, "atol": 0} if device == "cpu" else {}
+    for step, (a, b) in enumerate(zip(with_sharing, alone)):
+        torch.testing.assert_close(a, b, **exact, msg=lambda m: f"step {step}: {m}")
 
 
 @pytest.mark.inductor
