@@ -237,6 +237,28 @@ def test_the_runner_warms_up_no_kernels_for_inductor(monkeypatch, warm_up_on_cpu
     runner.step([[1, 2, 3]], [0], [0])
 
 
+@pytest.mark.gpu
+def test_on_cuda_the_warm_ups_launches_are_done_when_wait_returns(monkeypatch):
+    """The backend's wait is all that keeps a capture from beginning while the step's kernels still run on the
+    device. Each of the step's attention calls is followed by a spin kernel (``torch.cuda._sleep``, about 0.1 s
+    on the device, returning at once on the host), so a thread that ends without waiting for its launches leaves
+    the stream busy."""
+    runner = _runner(device="cuda", dtype=torch.bfloat16)
+    real = attention_module.attention_impl
+
+    def then_spin(layer, md, q, k, v, out):
+        real(layer, md, q, k, v, out)
+        if threading.current_thread().name == KernelWarmUp.THREAD_NAME:
+            torch.cuda._sleep(2**27)
+
+    monkeypatch.setattr(attention_module, "attention_impl", then_spin)
+    kernels = KernelWarmUp(runner.model, **SIZES)
+    kernels.start()
+    kernels.wait()
+    assert kernels.error is None
+    assert torch.cuda.default_stream(runner.device).query(), "the warm-up's kernels still ran after wait() returned"
+
+
 def _triton_compiles(monkeypatch) -> list[tuple[str, str]]:
     """Every compile of one of the project's Triton kernels from now on appends (thread name, kernel name).
 

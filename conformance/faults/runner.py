@@ -341,6 +341,15 @@ FAULTS = [
         tests="test_kernel_warm_up",
     ),
     Fault(
+        id="kernel-warm-up-ends-before-its-kernels",
+        kind="runner",
+        description="the kernel warm-up's thread ends without waiting for the device to run its launches, so a "
+        "capture can begin while the step's kernels still run",
+        plant=patches(mock.patch.object(kernel_warm_up, "_launches_done", lambda device: None)),
+        tests="test_on_cuda_the_warm_ups_launches_are_done_when_wait_returns",
+        device="cuda",
+    ),
+    Fault(
         id="kernel-warm-up-with-inductor",
         kind="runner",
         description="the runner starts the kernel warm-up for an Inductor start too, whose kernels are Inductor's "

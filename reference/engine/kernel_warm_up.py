@@ -63,6 +63,13 @@ def warm_up_step(max_num_seqs: int, max_model_len: int) -> tuple[list[int], list
     return [1], [1], [0]
 
 
+def _launches_done(device: torch.device) -> None:
+    """Return once ``device`` has run every launch made so far: the warm-up's kernels are done before its thread
+    ends, so no capture that begins after :meth:`KernelWarmUp.wait` runs beside them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class KernelWarmUp:
     """One eager step of ``model`` on a thread, to compile the Triton kernels its custom ops launch.
 
@@ -124,5 +131,4 @@ class KernelWarmUp:
         with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
             with set_forward_context(ForwardContext(metadata, layers, "NONE")):
                 self.model(input_ids, torch.tensor(positions, device=device))
-            if on_cuda:
-                torch.cuda.synchronize(device)  # the launches are done before a capture can begin
+            _launches_done(device)
