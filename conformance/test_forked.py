@@ -152,15 +152,25 @@ def test_ranks_get_torchruns_variables_and_reach_each_other(tmp_path, size):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the ranks are fresh interpreters: no fork")
 def test_a_failing_rank_ends_the_others_as_torchrun_does(tmp_path):
-    """Rank 1 would wait for rank 0 forever (as in a collective); rank 0 fails at once."""
+    """Rank 1 would wait for rank 0 forever (as in a collective); rank 0 fails as soon as rank 1 has written
+    its process id (renamed into place whole), so the test knows which process must be gone: a rank 0 that
+    failed at once could end rank 1 before rank 1 had said which process it was (seen on a loaded CI host)."""
     (tmp_path / "failing.py").write_text(
-        "import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit(5)\nprint(os.getpid(), flush=True)\n"
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    deadline = time.monotonic() + 50\n"
+        "    while not os.path.exists('rank1.pid') and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    sys.exit(5)\n"
+        "with open('rank1.tmp', 'w') as f:\n"
+        "    f.write(str(os.getpid()))\n"
+        "os.rename('rank1.tmp', 'rank1.pid')\n"
         "time.sleep(600)\n"
     )
     ranks = forked.run_ranks([sys.executable, "-m", "failing"], 2, cwd=tmp_path, timeout=60)
     assert [proc.returncode for proc in ranks] == [5, -9]
     with pytest.raises(ProcessLookupError):  # killed, not left running
-        os.kill(int(ranks[1].stdout), 0)
+        os.kill(int((tmp_path / "rank1.pid").read_text()), 0)
 
 
 def test_no_ranks_is_refused():
