@@ -224,6 +224,14 @@ def _damage(entry: Path, other: Path, how: str) -> None:
         files = [f for f in entry.iterdir() if f.name != "manifest.json"]
         manifest = {f.name: [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()] for f in files}
         (entry / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "a_binding_to_a_missing_tensor":  # the manifest rewritten to match: only binding the model tells
+        meta = json.loads((entry / "entry.json").read_text())
+        tensor = next(b for b in meta["bindings"] if b[0] == "tensor")
+        tensor[1] = "not_there"
+        (entry / "entry.json").write_text(json.dumps(meta))
+        files = [f for f in entry.iterdir() if f.name != "manifest.json"]
+        manifest = {f.name: [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()] for f in files}
+        (entry / "manifest.json").write_text(json.dumps(manifest))
     elif how == "a_file_not_a_folder":
         shutil.rmtree(entry)
         entry.write_text("not an entry")
@@ -241,6 +249,7 @@ REASONS = {
     "manifest_listing_nothing": r"\(ValueError: the manifest lists \[\], the folder holds \['entry\.json', "
     r"'factors\.json'\]\)",
     "code_that_does_not_run": r"\(KeyError: 'forward'\)",
+    "a_binding_to_a_missing_tensor": r"\(KeyError: 'not_there'\)",  # found after the pieces were built
     "a_file_not_a_folder": r"\(NotADirectoryError: ",
 }
 
@@ -249,7 +258,7 @@ REASONS = {
 @pytest.mark.parametrize(
     "how",
     ["truncated", "a_byte_flipped", "file_of_another_entry", "no_manifest", "foreign", "missing_file",
-     "manifest_listing_nothing", "code_that_does_not_run", "a_file_not_a_folder"],
+     "manifest_listing_nothing", "code_that_does_not_run", "a_binding_to_a_missing_tensor", "a_file_not_a_folder"],
 )  # fmt: skip
 def test_an_unusable_entry_warns_once_recompiles_and_is_replaced(how, cache, impl):
     """The other entry is the same model with native custom ops: its graph takes the same inputs, so

@@ -14,6 +14,7 @@ from conformance.helpers import points_at
 from reference.compilation import compile_model
 from reference.compilation.split import split_graph
 from reference.config import CompilationConfig
+from reference.models.silly import SillyModel, expected_output
 
 pytestmark = pytest.mark.requires("components")
 
@@ -191,3 +192,28 @@ def test_a_graph_break_is_an_error_at_every_compiled_level(level):
 def test_the_per_call_check_can_be_turned_off_for_callers_that_feed_their_own_buffers():
     assert compile_model(_Scaled(), _config(), check_inputs=False).check_inputs is False
     assert compile_model(_Scaled(), _config()).check_inputs is True
+
+
+@pytest.mark.no_inductor
+def test_a_first_call_that_raises_leaves_the_next_call_a_first_call(monkeypatch):
+    """A tracing call that fails before the trace (here the compile cache's switch, set to a value it refuses)
+    must not leave the model half-started: the next call marks the token dimension dynamic, looks the cache
+    up and calls ``before_trace`` again. A retry that skipped them would trace the token count of its call as a
+    constant, and with Dynamo's guards dropped run that graph for every other count."""
+    from reference.compilation import cache_key
+    from reference.config import ConfigError
+
+    model = SillyModel()
+    compiled = compile_model(model, CompilationConfig(level=3, use_inductor=False, cudagraph_mode="none"))
+    traces = []
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "yes")
+    compiled.before_trace = lambda: traces.append("first")
+    with pytest.raises(ConfigError, match=cache_key.DISABLE_ENV):
+        compiled(torch.randn(4, 8))
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "1")
+    compiled.before_trace = lambda: traces.append("retry")
+    assert compiled.awaits_trace
+    for size in (4, 8, 3):
+        x = torch.randn(size, 8)
+        torch.testing.assert_close(compiled(x), expected_output(x), rtol=0, atol=0)
+    assert traces == ["retry"]

@@ -109,6 +109,41 @@ def test_pieces_that_differ_in_what_a_compile_reads_do_not_share_a_key(what):
     assert keys[0] == keys[2] and keys[1] != keys[0], f"a piece that differs in {what} shares a key"
 
 
+class AliasedInputs(nn.Module):
+    """``forward(x [T, 8])``: per layer ``h = x @ w + 1``, then ``r``, either ``h * 1`` or a view of the attention's
+    output buffer (``aliased``), the attention writes the buffer, ``r`` is doubled in place and added to it.
+    The piece after an aliased layer takes two inputs that share one storage, where the same ops after another
+    layer take two that do not (a compile for the second would double the buffer's values once, not twice)."""
+
+    def __init__(self, aliased: list[bool]):
+        super().__init__()
+        self.aliased = aliased
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(8, 8), requires_grad=False) for _ in aliased])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for aliased, weight in zip(self.aliased, self.weights):
+            h = x @ weight + 1
+            out = torch.empty_like(h)
+            r = out.view(-1, 8) if aliased else h * 1
+            silly_attention(h, h, h, out)
+            r.mul_(2)
+            x = out + r
+        return x * 2
+
+
+@pytest.mark.no_inductor
+def test_pieces_whose_inputs_alias_differently_do_not_share_a_key():
+    """Layers 1 and 4 both end as ``h * 1``: the pieces after layers 0 and 3 run the same ops, on separate
+    tensors after layer 0 and on a buffer and its view after layer 3 (found by a review: shared, they gave
+    wrong values without a word)."""
+    compiled = compile_model(AliasedInputs([False, False, True, True, False]), _config(use_inductor=False))
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))
+    keys = [piece_key(p.module) for p in compiled.backend.pieces if not p.is_splitting_op]
+    assert None not in keys
+    assert keys[1] != keys[4], "a piece whose inputs share a storage took the key of one whose inputs do not"
+
+
 def test_a_piece_with_state_of_its_own_has_no_key():
     """A ``get_attr`` reads a tensor the piece holds, which the key cannot see: no other piece may take its
     compile. Built by hand (Dynamo lifts every parameter to an input), its input described as Dynamo would."""

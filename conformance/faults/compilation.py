@@ -85,7 +85,16 @@ def _literals_unseen(value, positions):
     return ("literal",)
 
 
-def _inputs_undescribed(node):
+_real_input_metadata = piece_key._input_metadata
+
+
+def _aliasing_unseen(node, storages):
+    """The piece key's graph inputs described without which earlier input each shares a storage with."""
+    described = _real_input_metadata(node, storages)
+    return described[:-1] if described[0] == "tensor" else described
+
+
+def _inputs_undescribed(node, storages):
     """The piece key's graph inputs without their metadata: any two tensors look alike."""
     return ("input",)
 
@@ -182,6 +191,15 @@ FAULTS = [
         description="the key that lets identical pieces share one Inductor compile ignores its inputs' shapes, "
         "strides and dtypes, so a piece runs code generated for another layout",
         plant=patches(mock.patch.object(piece_key, "_input_metadata", _inputs_undescribed)),
+        tests="test_piece_key",
+    ),
+    Fault(
+        id="piece-key-blind-to-input-aliasing",
+        kind="compile",
+        description="the key that lets identical pieces share one Inductor compile ignores which inputs share a "
+        "storage, so a piece given a buffer and its view runs code compiled for separate tensors, which updates "
+        "the buffer wrongly",
+        plant=patches(mock.patch.object(piece_key, "_input_metadata", _aliasing_unseen)),
         tests="test_piece_key",
     ),
 ]

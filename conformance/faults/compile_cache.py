@@ -12,7 +12,7 @@ from reference.compilation.backend import PiecewiseBackend
 
 _real_cache_factors = cache_key.cache_factors
 _real_read_entry = compile_cache.read_entry
-_real_load = PiecewiseBackend.load
+_real_loaded = PiecewiseBackend.loaded
 _real_use_compile_cache = capture.CompiledModel._use_compile_cache
 
 
@@ -68,13 +68,13 @@ def _hit_taken_for_a_trace(self, args):
     return False
 
 
-def _load_without_waiting(self, entry, on_cuda):
-    """``PiecewiseBackend.load`` that leaves ``before_first_run`` uncalled: only a trace waits for the runner's
+def _loaded_without_waiting(self, entry):
+    """``PiecewiseBackend.loaded`` that leaves ``before_first_run`` uncalled: only a trace waits for the runner's
     kernel warm-up, so a start the compile cache serves runs (and, with no warm-up runs, captures) its pieces
     while the warm-up's thread still launches kernels."""
     hook, self.before_first_run = self.before_first_run, None
     try:
-        return _real_load(self, entry, on_cuda)
+        return _real_loaded(self, entry)
     finally:
         self.before_first_run = hook
 
@@ -176,7 +176,7 @@ FAULTS = [
         kind="cache",
         description="a start served by the compile cache runs its pieces without waiting for the kernel warm-up's "
         "thread (only a trace waits), so a capture can meet that thread's launches",
-        plant=patches(mock.patch.object(PiecewiseBackend, "load", _load_without_waiting)),
+        plant=patches(mock.patch.object(PiecewiseBackend, "loaded", _loaded_without_waiting)),
         tests="test_the_backend_calls_before_first_run_once_after_compiling_and_before_any_piece_runs",
     ),
     Fault(

@@ -264,9 +264,9 @@ class PiecewiseBackend:
         where the trace found they could be. Dynamo never sees the model, and no FX graph is built: the
         checks a trace makes on the pieces passed when the entry was written, for the same config.
 
-        ``pieces`` stays empty (no FX module was built); the counters count the pieces as a trace would. If
-        the entry cannot be built from (its stored code does not run), this raises and changes nothing: the
-        model can still be traced.
+        ``pieces`` stays empty (no FX module was built). If the entry cannot be built from (its stored code does
+        not run), this raises and changes nothing: the model can still be traced. The caller calls
+        :meth:`loaded` once whatever else it builds from the entry has succeeded too.
         """
         use_graphs, pool, stream = self._graph_settings(on_cuda)
         runnables = {}
@@ -284,12 +284,15 @@ class PiecewiseBackend:
                 static = {size: _first_output(artifact) for size, artifact in static.items()}
             runnable = _dispatch(runnable, static, tuple(stored["size_args"]))
             runnables[name] = self._wrapped(name, runnable, tuple(stored["size_args"]), use_graphs, pool, stream)
-        split = StoredModule(entry.split, runnables)
+        return StoredModule(entry.split, runnables)
+
+    def loaded(self, entry: Entry) -> None:
+        """The model now runs what :meth:`load` built from ``entry``: no trace may follow. Counts the pieces as a
+        trace would and calls ``before_first_run``."""
         self._traced = True
         compilation_counter.num_piecewise_graphs_seen += len(entry.pieces)
         compilation_counter.num_piecewise_capturable_graphs_seen += sum(not p["splitting_op"] for p in entry.pieces)
         self._ready_to_run()
-        return split
 
     def _ready_to_run(self) -> None:
         """Call ``before_first_run`` once."""

@@ -14,7 +14,8 @@ the model returns tensors whose first dimension is T as well.
 
 Levels 2 and 3 keep what the first call traced and compiled in the compile cache (:mod:`.compile_cache`),
 looked up at the first call: a hit runs the stored split graph directly, without Dynamo. A miss (or no cache)
-calls ``CompiledModel.before_trace``, if set, just before Dynamo traces: the runner starts its kernel warm-up
+calls ``CompiledModel.before_trace``, if set, just before Dynamo traces (a first call that raises leaves the
+next call a first call, which looks up and calls it again): the runner starts its kernel warm-up
 there, which a start served by the cache does not need.
 
 With full graphs (``cudagraph_mode`` ``'full_decode_only'`` or ``'full_and_piecewise'``) the result is
@@ -157,7 +158,9 @@ class CompiledModel:
 
         def build(entry):
             split = self.backend.load(entry, on_cuda)
-            return bound_call(split, entry.bindings, entry.outputs, self._model)
+            forward = bound_call(split, entry.bindings, entry.outputs, self._model)
+            self.backend.loaded(entry)  # only now: an entry that fails above leaves the model free to trace
+            return forward
 
         with self.backend.partition_graphs(on_cuda):  # Inductor wraps an artifact's partitions as it loads it
             forward = read_entry(folder, key, factors, build)
@@ -181,8 +184,26 @@ class CompiledModel:
         if self.config.level >= 2 and (self._signature is None or self.check_inputs):
             first = self._signature is None
             self._check_or_mark_dynamic(args)
-            if first and not self._use_compile_cache(args):
+            if first:
+                return self._first_call(args)
+        return self._run(args)
+
+    def _first_call(self, args):
+        """Levels 2-3: look the compile cache up, call ``before_trace`` unless it serves the model, and run the
+        call that traces. If anything raises, the next call is a first call again (it marks the token dimension
+        dynamic, looks up and traces anew) rather than a call that runs Dynamo unmarked."""
+        try:
+            if not self._use_compile_cache(args):
                 self._before_trace()
+            return self._run(args)
+        except BaseException:
+            self._signature = None
+            self._cache_writer = None
+            if self.backend is not None:
+                self.backend.cache_writer = None
+            raise
+
+    def _run(self, args):
         try:
             return self._forward(*args)
         except torch._dynamo.exc.BackendCompilerFailed as err:

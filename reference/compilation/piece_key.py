@@ -11,7 +11,9 @@ artifact loads to 3 (perf/NOTES.md v40); eager pieces cost nothing to compile an
 :func:`piece_key` lists, node by node in graph order: the kind of node; its target, the object itself (an
 op, a function, a method name), so a key is compared only within one process; its arguments with each node
 replaced by its position; and for a graph input its metadata: shape and stride with their symbols, storage
-offset, dtype, device and ``requires_grad`` for a tensor, the expression for a symbolic integer. A piece with
+offset, dtype, device and ``requires_grad`` for a tensor, and the earlier input it shares a storage with, if
+any (a compile assumes its example inputs' aliasing: one made for separate tensors, run on a buffer and a view
+of it, updates the buffer wrongly); the expression for a symbolic integer. A piece with
 state of its own (``get_attr``: a constant or submodule of the piece; ``call_module``), or with an argument of a
 type the key cannot compare by value, has no key and is compiled on its own.
 """
@@ -21,8 +23,9 @@ from __future__ import annotations
 from typing import Hashable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-# Argument types compared by value. bool and int are told apart, and floats keep their sign and NaN payload.
+# Argument types compared by value. bool and int are told apart; floats by their hex form (-0.0 and 0.0 differ).
 _SCALARS = (bool, int, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
@@ -47,10 +50,15 @@ def _argument(value, positions: dict[torch.fx.Node, int]) -> Hashable:
     raise _Unkeyable(type(value).__name__)
 
 
-def _input_metadata(node: torch.fx.Node) -> Hashable:
-    """A graph input's example value as a hashable description: symbols by their names (``s0``)."""
+def _input_metadata(node: torch.fx.Node, storages: list) -> Hashable:
+    """A graph input's example value as a hashable description: symbols by their names (``s0``), and for a
+    tensor the position in ``storages`` (the storages of the tensor inputs before it, to which its own is
+    appended) of the first that it shares, else None."""
     value = node.meta.get("example_value", node.meta.get("val"))
     if isinstance(value, torch.Tensor):
+        storage = StorageWeakRef(value.untyped_storage())
+        shared = next((i for i, other in enumerate(storages) if other == storage), None)
+        storages.append(storage)
         return (
             "tensor",
             tuple(map(str, value.shape)),
@@ -59,6 +67,7 @@ def _input_metadata(node: torch.fx.Node) -> Hashable:
             value.dtype,
             value.device,
             value.requires_grad,
+            shared,
         )
     if isinstance(value, (torch.SymInt, int)):
         return ("int", str(value))
@@ -66,7 +75,7 @@ def _input_metadata(node: torch.fx.Node) -> Hashable:
 
 
 def piece_key(module: torch.fx.GraphModule) -> Hashable | None:
-    """A key equal for two pieces exactly when one compile of either computes the other (module doc), or None
+    """A key equal for two pieces when one compile of either computes the other (module doc), or None
     when the piece has state of its own or an argument the key cannot compare; compare keys within one process.
 
     Args:
@@ -74,14 +83,14 @@ def piece_key(module: torch.fx.GraphModule) -> Hashable | None:
             example values (``meta['example_value']``).
     """
     positions: dict[torch.fx.Node, int] = {}
-    nodes = []
+    nodes, storages = [], []
     try:
         for position, node in enumerate(module.graph.nodes):
             positions[node] = position
             if node.op in ("get_attr", "call_module"):
                 return None
             if node.op == "placeholder":
-                nodes.append(("input", _input_metadata(node)))
+                nodes.append(("input", _input_metadata(node, storages)))
                 continue
             nodes.append((node.op, node.target, _argument(node.args, positions), _argument(node.kwargs, positions)))
         key = tuple(nodes)
