@@ -5,8 +5,8 @@ projection, MLP and the next layer's norm, QKV projection and rotary). Their FX 
 Dynamo names each graph input after where it comes from (``l_self_modules_model_modules_layers_modules_7_...``)
 and the split keeps each node's name from the whole graph. Every weight is a graph input (Dynamo lifts
 parameters and buffers), so a compiled piece computes from its inputs alone, and one compile serves every piece
-of the same key. With Inductor this takes an 8B Llama from 33 compiles to 3, and a compile-cache hit from 33
-artifact loads to 3 (perf/NOTES.md v40); eager pieces cost nothing to compile and are not shared.
+of the same key. With Inductor this takes a 32-layer Llama from 33 compiles to 3, and a compile-cache hit from
+33 artifact loads to 3 (perf/NOTES.md v40); eager pieces cost nothing to compile and are not shared.
 
 :func:`piece_key` lists, node by node in graph order: the kind of node; its target, the object itself (an
 op, a function, a method name), so a key is compared only within one process; its arguments with each node
@@ -38,7 +38,7 @@ def _argument(value, positions: dict[torch.fx.Node, int]) -> Hashable:
     if isinstance(value, torch.fx.Node):
         return ("node", positions[value])
     if isinstance(value, float):
-        return ("float", value.hex())  # -0.0 and 0.0 differ, as do NaNs (hex keeps the sign)
+        return ("float", value.hex())  # -0.0 and 0.0 differ; every NaN is 'nan'
     if isinstance(value, _SCALARS) or value is Ellipsis:
         return (type(value).__name__, value)
     if isinstance(value, slice):
