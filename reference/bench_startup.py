@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     "compile_cache_hits", "kernel_warm_up_s", "kernel_warm_up_wait_s" (the kernel warm-up's step and the part
     of it the trace did not hide, inside compile_s), "inductor_cache_hits", "inductor_cache_misses",
     "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used)}],
-    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "commit", "date",
+    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether torch's
+    lazily imported modules had bytecode before the first start: ``machine.bytecode_at_hand``), "commit", "date",
     "command"}, "stopped" (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds.
     The modes that finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start)
     or 130.
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from reference.benchmark import startup
-    from reference.benchmark.machine import machine_info, source_commit
+    from reference.benchmark.machine import bytecode_at_hand, machine_info, source_commit
     from reference.benchmark.report import write_whole
     from reference.engine.arguments import resolve_device
 
@@ -161,6 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     settings = dict(start)
     if args.compilation_config is not None:
         settings["compilation_config_overrides"] = args.compilation_config
+    bytecode = bytecode_at_hand()
+    if not bytecode:
+        print(
+            f"{PROG}: note: no bytecode for torch's Dynamo and Inductor modules here, so each start compiles their "
+            "sources again inside its compile phase; PYTHONPYCACHEPREFIX=<a writable folder> measures an installed torch",
+            file=sys.stderr,
+        )
     rows, stopped, status = [], None, 0
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         cache_dir = args.cache_dir or Path(scratch)
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     env = {
         **machine_info(device),
         "torch": torch.__version__,
+        "bytecode": bytecode,
         "commit": source_commit(root),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([PROG, *(sys.argv[1:] if argv is None else argv)]),

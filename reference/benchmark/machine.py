@@ -8,6 +8,7 @@ whose SM clock sits below its maximum all move numbers that look like the code's
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
@@ -67,6 +68,23 @@ def machine_info(device: torch.device) -> dict:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "gpu_clocks": gpu_clocks(device),
     }
+
+
+# Modules a compiled start imports lazily, inside its compile phase (Dynamo's, then Inductor's), relative to torch's
+# package folder.
+_LAZY_MODULES = ("_dynamo/convert_frame.py", "_inductor/compile_fx.py")
+
+
+def bytecode_at_hand() -> bool:
+    """Whether Python finds bytecode for the torch modules a start imports inside its compile phase (Dynamo's
+    and Inductor's), beside their sources or under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix``).
+
+    Where it does not (an image installed without ``__pycache__`` whose site-packages is read-only), every
+    fresh process compiles those sources again, and start-up's compile phase pays it: on the H100 image a warm
+    ``inductor`` start's first artifact load took 1.44 s of imports without bytecode (perf/NOTES.md v40, v41).
+    """
+    folder = Path(torch.__file__).parent
+    return all(os.path.exists(importlib.util.cache_from_source(str(folder / name))) for name in _LAZY_MODULES)
 
 
 def source_commit(root: Path) -> str:
