@@ -321,10 +321,15 @@ BAD_FLAGS = [
 ]
 
 
+def _with_model(argv: list[str]) -> list[str]:
+    """``argv`` after ``--model toy-llama``, unless it names a model itself (a flag is given once)."""
+    return argv if "--model" in argv else ["--model", "toy-llama", *argv]
+
+
 @pytest.mark.parametrize("argv, message", BAD_FLAGS)
 def test_bad_flags_exit_with_code_2_and_name_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", "toy-llama", *argv])
+        main(_with_model(argv))
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
 
@@ -342,7 +347,7 @@ def test_bad_flags_exit_with_code_2_and_name_the_flag(argv, message, capsys):
 )
 def test_errors_echo_at_most_a_few_hundred_characters_of_the_input(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", "toy-llama", *argv])
+        main(_with_model(argv))
     assert exit_info.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]  # the line after argparse's usage
     assert message.startswith(f"python -m reference.bench_latency: error: argument {argv[0]}")
@@ -500,7 +505,7 @@ ERROR = "python -m reference.bench_latency: error: "
 def _usage_error(argv: list[str], capsys) -> str:
     """The stderr of ``main(argv)`` (after ``--model toy-llama``), which must exit 2."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["--model", "toy-llama", *argv])
+        main(_with_model(argv))
     assert exit_info.value.code == 2
     return capsys.readouterr().err
 

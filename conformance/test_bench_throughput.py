@@ -24,8 +24,11 @@ SMALL += ["--max-num-seqs", "3", "--device", "cpu"]
 
 
 def _run(tmp_path, *argv: str) -> dict:
+    """The tool over SMALL with ``--modes eager``, ``argv``'s flags in place of those (each flag once)."""
     out = tmp_path / "throughput.json"
-    main([*SMALL, "--modes", "eager", *argv, "--output-json", str(out)])
+    base = [*SMALL, "--modes", "eager"]
+    pairs = [(flag, value) for flag, value in zip(base[::2], base[1::2]) if flag not in argv]
+    main([*(word for pair in pairs for word in pair), *argv, "--output-json", str(out)])
     return json.loads(out.read_text())
 
 
@@ -348,6 +351,21 @@ def test_a_bad_flag_is_one_line_naming_it_before_any_model_is_built(argv, messag
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(ERROR + message) and err.endswith(" (see --help)\n") and len(err.splitlines()) == 1, err
+
+
+def test_a_workload_beyond_the_hosts_memory_is_refused_before_it_is_drawn(capsys, monkeypatch):
+    """--num-prompts 10**9 drew requests for minutes, its memory growing, with nothing printed: each token id
+    is a Python int in a list (about 41 bytes, measured) before the engine holds its own copy."""
+    monkeypatch.setattr(throughput, "run", lambda args: pytest.fail("a workload beyond memory reached the run"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--num-prompts", str(10**9), "--input-len", "2", "--output-len", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    said = "--num-prompts 1000000000 with --input-len 2 + --output-len 1: the workload needs"
+    assert err.startswith(ERROR + said), err
+    assert "GiB of host memory" in err and len(err.splitlines()) == 1, err
+    need = throughput.workload_host_bytes(64, (8, 64), (4, 32))  # the defaults: far below any machine's memory
+    assert 64 * (64 + 32) * 40 < need < 2**20
 
 
 @pytest.mark.eager

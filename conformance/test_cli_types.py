@@ -104,3 +104,30 @@ def test_an_output_file_is_any_other_path(monkeypatch, tmp_path):
     assert cli.output_file("out/x.json") == Path("out/x.json") and cli.output_file("x..json") == Path("x..json")
     assert cli.output_file("~/x.json") == tmp_path / "x.json" and cli.output_file(".x") == Path(".x")
     assert _refused(cli.output_file, "") == "empty; give a file path"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--n", "1", "--n", "2"], "--n given twice; give it once"),
+        (["--n=1", "--n", "2"], "--n given twice; give it once"),
+        (["--chunked", "--no-chunked"], "--chunked and --no-chunked both set chunked; give one"),
+        (["--no-chunked", "--no-chunked"], "--no-chunked given twice; give it once"),
+    ],
+    ids=["twice", "once-with-equals", "both-spellings", "negation-twice"],
+)
+def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, capsys):
+    """``--num-prompts 3 --num-prompts 5`` ran 5 prompts without a word, and ``--scheduling static --scheduling
+    continuous`` only continuous; a flag that collects its values (append) may repeat, and so may anything after
+    ``--``."""
+    parser = cli.OneLineParser(prog="prog")
+    parser.add_argument("--n", type=int)
+    parser.add_argument("--chunked", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--tag", action="append")
+    parser.add_argument("rest", nargs="*")
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"prog: error: {message} (see --help)\n"
+    args = parser.parse_args(["--tag", "a", "--tag", "b", "--n", "1", "--", "--n", "--n"])
+    assert args.tag == ["a", "b"] and args.n == 1 and args.rest == ["--n", "--n"]

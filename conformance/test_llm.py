@@ -328,6 +328,25 @@ def test_an_aborted_request_is_never_returned_and_the_others_generate_what_they_
 
 
 @pytest.mark.eager
+def test_abort_requests_takes_one_id_as_a_string_and_refuses_what_is_no_id():
+    """A string was read as its characters: ``abort_requests("12")`` aborted requests '1' and '2' and left '12'
+    running. vLLM's ``abort_request`` takes one id or an iterable of them; ids are strings (``add_requests``
+    returns them), so an int is refused in one line rather than matching nothing without a word."""
+    llm = make_llm("llama-tiny", "eager", max_num_seqs=2)
+    engine = llm.llm_engine
+    ids = engine.add_requests(ragged_prompts(7, llm.vocab_size) * 2, greedy(2, ignore_eos=True))  # '0' .. '13'
+    engine.abort_requests(ids[12])
+    unfinished = sorted(r.request_id for r in engine.scheduler.waiting + engine.scheduler.running)
+    assert unfinished == sorted(ids[:12] + ids[13:])
+    for bad, named in [(5, "5"), ([ids[0], 3], "3"), (None, "None")]:
+        with pytest.raises(ValueError) as err:
+            engine.abort_requests(bad)
+        assert str(err.value).startswith("request_ids: expected") and named in str(err.value), err.value
+    assert len(engine.scheduler.waiting + engine.scheduler.running) == 13  # none dropped
+    engine.abort_requests(ids)
+
+
+@pytest.mark.eager
 def test_generate_refuses_to_drop_requests_added_to_the_engine_by_hand():
     """Their outputs would be lost; the way out is named, and after it generate runs."""
     llm = make_llm("llama-tiny", "eager", max_num_seqs=2)

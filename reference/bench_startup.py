@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     if not bytecode:
         print(
             f"{PROG}: note: no bytecode for torch's Dynamo and Inductor modules here, so each start compiles their "
-            "sources again inside its compile phase; PYTHONPYCACHEPREFIX=<a writable folder> measures an installed torch",
+            "sources again inside its compile phase; PYTHONPYCACHEPREFIX=<a writable folder> measures an installed "
+            "torch",
             file=sys.stderr,
         )
     rows, stopped, status = [], None, 0

@@ -34,6 +34,7 @@ errors answer at once; torch, transformers and the models load after.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -193,6 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_workload_fits_the_host(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 where the workload's requests could not fit the machine's physical memory (drawn, they would take
+    minutes and then exhaust it); where the OS does not say how much it has, no check."""
+    from reference.benchmark.throughput import workload_host_bytes
+
+    if not (hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names):
+        return
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = workload_host_bytes(args.num_prompts, args.input_len, args.output_len)
+    if need > physical:
+        parser.error(
+            f"--num-prompts {args.num_prompts} with --input-len {_spelled(args.input_len)} + --output-len "
+            f"{_spelled(args.output_len)}: the workload needs about {need / 2**30:,.1f} GiB of host memory at its "
+            f"longest, more than the {physical / 2**30:,.1f} GiB this machine has; lower --num-prompts or the lengths"
+        )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and cross-check the flags, before any model is built; errors exit with code 2 and name the flag."""
     parser = build_parser()
@@ -217,6 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--input-len {_spelled(args.input_len)} + --output-len {_spelled(args.output_len)}: the longest request "
             f"needs {longest} positions; {args.model} has {positions} (max_position_embeddings)"
         )
+    _check_workload_fits_the_host(parser, args)
     if args.max_model_len is None:
         args.max_model_len = longest
     elif args.max_model_len < longest:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -31,16 +32,54 @@ def usage_error(prog: str, message: str) -> str:
     return f"{prog}: error: {message} (see --help)"
 
 
+# argparse's actions that collect every value given, and the ones that exit at once (argparse's own classes,
+# unexported; all of them exist from Python 3.8 on)
+_REPEATABLE = (
+    argparse._AppendAction,
+    argparse._AppendConstAction,
+    argparse._CountAction,
+    argparse._ExtendAction,
+    argparse._HelpAction,
+    argparse._VersionAction,
+)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but an error is one line (:func:`usage_error`) without the usage block above it; exit 2.
 
     Abbreviated long flags are not accepted (``allow_abbrev=False``, as vLLM's parser does): argparse would
-    read ``--compilation`` as ``--compilation-config``, past the guard that refuses a config given twice.
+    read ``--compilation`` as ``--compilation-config``, past the guard that refuses a config given twice. An
+    option given twice is refused too, where argparse would keep the last value.
     """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        self._refuse_repeated_flags(argv)
+        return super().parse_known_args(argv, namespace)
+
+    def _refuse_repeated_flags(self, argv: list[str]) -> None:
+        """Exit 2 where one option is set twice (``--n 1 --n 2``, ``--x --no-x``): argparse keeps the last value
+        without a word. Options that collect their values (append, count) may repeat; nothing after ``--`` is a
+        flag."""
+        first: dict[argparse.Action, str] = {}  # option -> its flag as first typed
+        for arg in argv:
+            if arg == "--":
+                return
+            flag = arg.partition("=")[0] if arg.startswith("--") else arg
+            action = self._option_string_actions.get(flag)
+            if action is None or isinstance(action, _REPEATABLE):
+                continue
+            if action in first:
+                self.error(
+                    f"{flag} given twice; give it once"
+                    if first[action] == flag
+                    else f"{first[action]} and {flag} both set {action.dest}; give one"
+                )
+            first[action] = flag
 
     def error(self, message: str):
         self.exit(2, usage_error(self.prog, message) + "\n")

@@ -78,6 +78,21 @@ class Workload:
         }
 
 
+# Host bytes per token a workload holds while it runs, and per request (tracemalloc, CPython 3.11, this machine):
+# a token id is an int object in a list, 41-43 bytes in the drawn prompts, 8 more for the engine's list of it, and
+# the same for each generated token; a request is about 390 bytes of lists and SamplingParams in the workload and
+# 460 in the engine. Rounded up: a bound on what cannot fit, not a prediction.
+HOST_BYTES_PER_TOKEN = 56
+HOST_BYTES_PER_REQUEST = 1024
+
+
+def workload_host_bytes(num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> int:
+    """Bytes of host memory ``num_prompts`` requests can hold at their longest (each ``input_len`` and
+    ``output_len``'s MAX tokens): what ``draw_workload`` and the engine keep as Python lists."""
+    tokens = input_len[1] + output_len[1]
+    return num_prompts * (tokens * HOST_BYTES_PER_TOKEN + HOST_BYTES_PER_REQUEST)
+
+
 def draw_workload(
     seed: int, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int
 ) -> Workload:

@@ -18,8 +18,11 @@ CPU suite checks the loop GPUs run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from reference.config.parsing import echo
 from reference.engine.requests import Request, RequestBuilder, RequestOutput
 from reference.engine.runner import ModelRunner
 from reference.engine.sampling import sample
@@ -76,11 +79,15 @@ class LLMEngine:
         """Requests waiting or running, or a step's tokens not yet read."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
-    def abort_requests(self, request_ids) -> None:
-        """Drop the unfinished requests among ``request_ids`` (an iterable of ids from :meth:`add_requests`;
-        ids of requests already finished or unknown are ignored, as vLLM's ``abort_request`` ignores them).
-        No :meth:`step` returns them; their rows are free for the next step."""
-        ids = set(request_ids)
+    def abort_requests(self, request_ids: str | Iterable[str]) -> None:
+        """Drop the unfinished requests among ``request_ids``: one id, or an iterable of ids, from
+        :meth:`add_requests` (as vLLM's ``abort_request`` takes them); ids of requests already finished or unknown
+        are ignored, as vLLM ignores them. No :meth:`step` returns them; their rows are free for the next step.
+
+        Raises:
+            ValueError: ``request_ids`` is neither a string nor an iterable of strings (nothing is aborted then).
+        """
+        ids = {request_ids} if isinstance(request_ids, str) else _id_set(request_ids)
         for r in [*self.scheduler.waiting, *self.scheduler.running]:
             if r.request_id in ids:
                 r.finish_reason = "abort"  # a token of it still in flight is read and dropped (_append)
@@ -208,3 +215,16 @@ def _copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event
     copied = torch.cuda.Event()
     copied.record()
     return host, copied
+
+
+def _id_set(request_ids: object) -> set[str]:
+    """``request_ids`` (an iterable of ids) as a set; a ValueError naming what is no id."""
+    expected = "request_ids: expected a request id (str) or an iterable of them, as add_requests returns"
+    try:
+        ids = list(request_ids)
+    except TypeError:
+        raise ValueError(f"{expected}; got {echo(request_ids)}") from None
+    not_ids = [i for i in ids if not isinstance(i, str)]
+    if not_ids:
+        raise ValueError(f"{expected}; got {echo(not_ids[0])} among them")
+    return set(ids)
