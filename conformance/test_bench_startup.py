@@ -13,6 +13,7 @@ import torch
 
 from reference.bench_startup import COLUMNS, main
 from reference.benchmark import startup
+from reference.benchmark.machine import COMPILER_MODULES
 from reference.benchmark.startup import PHASES, StartupError, cache_environment, measure_mode
 
 pytestmark = pytest.mark.requires("components")
@@ -197,25 +198,35 @@ def test_the_modes_that_finished_are_kept_when_a_later_one_fails_or_is_interrupt
     assert [r["mode"] for r in doc["rows"]] == ["eager", "eager"] and said.split(":")[-1].strip() in json.dumps(doc)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["sources-only", "bytecode"])
-def test_the_record_says_whether_torchs_lazily_imported_modules_had_bytecode(tmp_path, capsys, monkeypatch, compiled):
-    """Without bytecode for Dynamo's and Inductor's modules each start compiles them inside its compile phase
-    (1.44 s of a warm 8B `inductor` start on the H100 image, perf/NOTES.md v40): a start-up figure means little
-    unless its file says which it was. ``sys.pycache_prefix`` is where Python looks (PYTHONPYCACHEPREFIX); an
-    empty folder there is an install without bytecode."""
+@pytest.mark.parametrize(
+    "modes, compiled, bytecode",
+    [
+        ("eager,no_inductor", (), False),
+        ("eager,no_inductor", ("dynamo",), True),
+        ("no_inductor,inductor", ("dynamo",), False),
+        ("inductor", ("dynamo", "inductor"), True),
+    ],
+    ids=["none", "dynamos-for-modes-without-inductor", "inductors-missing", "both-for-inductor"],
+)
+def test_the_record_says_whether_the_compilers_modules_had_bytecode(tmp_path, capsys, monkeypatch, modes, compiled,
+                                                                     bytecode):  # fmt: skip
+    """Without bytecode for Inductor's modules a warm start compiles them inside its compile phase (1.44 s of a
+    warm 8B `inductor` start on the H100 image, perf/NOTES.md v40): a start-up figure means little unless its file
+    says which it was. ``sys.pycache_prefix`` is where Python looks (PYTHONPYCACHEPREFIX); an empty folder there is
+    an install without bytecode. Inductor's modules count only where a mode uses Inductor: a run without one
+    never writes them, and its note would never go away."""
     prefix = tmp_path / "pycache"
     prefix.mkdir()
     monkeypatch.setattr(sys, "pycache_prefix", str(prefix))
-    if compiled:  # what an installed torch has: every module compiled, the two a start imports lazily among them
-        for name in ("_dynamo/convert_frame.py", "_inductor/compile_fx.py"):
-            source = str(Path(torch.__file__).parent / name)
-            py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
+    for name in compiled:  # what an installed torch has
+        source = str(Path(torch.__file__).parent / COMPILER_MODULES[name])
+        py_compile.compile(source, cfile=importlib.util.cache_from_source(source), doraise=True)
     monkeypatch.setattr(startup, "measure_mode", lambda spec, cache_dir: _fake_rows(spec["mode"]))
     out = tmp_path / "startup.json"
-    main(["--modes", "eager", "--device", "cpu", "--output-json", str(out)])
-    assert json.loads(out.read_text())["env"]["bytecode"] is compiled
-    noted = "note: no bytecode for torch's Dynamo and Inductor modules" in capsys.readouterr().err
-    assert noted is not compiled
+    main(["--modes", modes, "--device", "cpu", "--output-json", str(out)])
+    assert json.loads(out.read_text())["env"]["bytecode"] is bytecode
+    noted = "modules had no bytecode before the first start" in capsys.readouterr().err
+    assert noted is not bytecode
 
 
 def test_a_childs_known_error_is_its_one_line_message(tmp_path):

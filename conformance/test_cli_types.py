@@ -131,3 +131,6 @@ def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, 
     assert capsys.readouterr().err == f"prog: error: {message} (see --help)\n"
     args = parser.parse_args(["--tag", "a", "--tag", "b", "--n", "1", "--", "--n", "--n"])
     assert args.tag == ["a", "b"] and args.n == 1 and args.rest == ["--n", "--n"]
+    with pytest.raises(SystemExit) as exit_info:  # help first, as argparse would give it without the repeat
+        parser.parse_args(["-h", *argv])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: prog")

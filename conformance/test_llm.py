@@ -338,10 +338,17 @@ def test_abort_requests_takes_one_id_as_a_string_and_refuses_what_is_no_id():
     engine.abort_requests(ids[12])
     unfinished = sorted(r.request_id for r in engine.scheduler.waiting + engine.scheduler.running)
     assert unfinished == sorted(ids[:12] + ids[13:])
-    for bad, named in [(5, "5"), ([ids[0], 3], "3"), (None, "None")]:
+    for bad, named in [(5, "5"), ([ids[0], 3], "3"), (None, "None"), (b"11", "b'11'")]:
         with pytest.raises(ValueError) as err:
             engine.abort_requests(bad)
         assert str(err.value).startswith("request_ids: expected") and named in str(err.value), err.value
+
+    def ids_then_a_failure():
+        yield ids[0]
+        raise TypeError("the caller's own error")
+
+    with pytest.raises(TypeError, match="the caller's own error"):  # not hidden behind a message about ids
+        engine.abort_requests(ids_then_a_failure())
     assert len(engine.scheduler.waiting + engine.scheduler.running) == 13  # none dropped
     engine.abort_requests(ids)
 

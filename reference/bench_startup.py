@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS
+from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS, mode_kwargs
 from reference.benchmark.cli import (
     OneLineParser,
     check_output_file,
@@ -119,6 +119,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _uses_inductor(mode: str, overrides: dict | None) -> bool:
+    """Whether ``mode``'s starts compile with Inductor (``use_inductor``; the overrides cannot change it)."""
+    config = mode_kwargs(mode, overrides).get("compilation_config", {})
+    return bool(config.get("use_inductor"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point: prints the table, writes ``--output-json``.
 
@@ -128,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     "compile_cache_hits", "kernel_warm_up_s", "kernel_warm_up_wait_s" (the kernel warm-up's step and the part
     of it the trace did not hide, inside compile_s), "inductor_cache_hits", "inductor_cache_misses",
     "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used)}],
-    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether torch's
-    lazily imported modules had bytecode before the first start: ``machine.bytecode_at_hand``), "commit", "date",
+    "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether the
+    modules of the compilers the modes use, Dynamo's and, with an Inductor mode, Inductor's, had bytecode before
+    the first start: ``machine.bytecode_at_hand``), "commit", "date",
     "command"}, "stopped" (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds.
     The modes that finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start)
     or 130.
@@ -162,12 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = dict(start)
     if args.compilation_config is not None:
         settings["compilation_config_overrides"] = args.compilation_config
-    bytecode = bytecode_at_hand()
+    inductor = any(_uses_inductor(mode, args.compilation_config) for mode in args.modes)
+    compilers = ["dynamo", "inductor"] if inductor else ["dynamo"]
+    bytecode = bytecode_at_hand(compilers)
     if not bytecode:
         print(
-            f"{PROG}: note: no bytecode for torch's Dynamo and Inductor modules here, so each start compiles their "
-            "sources again inside its compile phase; PYTHONPYCACHEPREFIX=<a writable folder> measures an installed "
-            "torch",
+            f"{PROG}: note: torch's {' and '.join(compilers)} modules had no bytecode before the first start, so a "
+            "start compiles their sources as it imports them (every start where it cannot write the bytecode, as on "
+            "a read-only install; PYTHONPYCACHEPREFIX=<a writable folder> gives it what an installed torch has)",
             file=sys.stderr,
         )
     rows, stopped, status = [], None, 0

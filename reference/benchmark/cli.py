@@ -34,13 +34,13 @@ def usage_error(prog: str, message: str) -> str:
 
 # argparse's actions that collect every value given, and the ones that exit at once (argparse's own classes,
 # unexported; all of them exist from Python 3.8 on)
+_ANSWERS_AT_ONCE = (argparse._HelpAction, argparse._VersionAction)
 _REPEATABLE = (
     argparse._AppendAction,
     argparse._AppendConstAction,
     argparse._CountAction,
     argparse._ExtendAction,
-    argparse._HelpAction,
-    argparse._VersionAction,
+    *_ANSWERS_AT_ONCE,
 )
 
 
@@ -64,7 +64,10 @@ class OneLineParser(argparse.ArgumentParser):
     def _refuse_repeated_flags(self, argv: list[str]) -> None:
         """Exit 2 where one option is set twice (``--n 1 --n 2``, ``--x --no-x``): argparse keeps the last value
         without a word. Options that collect their values (append, count) may repeat; nothing after ``--`` is a
-        flag."""
+        flag; with ``-h`` (or ``--version``) argparse answers that, as it would without the repeat."""
+        flags = argv[: argv.index("--")] if "--" in argv else argv
+        if any(isinstance(self._option_string_actions.get(arg), _ANSWERS_AT_ONCE) for arg in flags):
+            return
         first: dict[argparse.Action, str] = {}  # option -> its flag as first typed
         for arg in argv:
             if arg == "--":

@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -70,21 +71,26 @@ def machine_info(device: torch.device) -> dict:
     }
 
 
-# Modules a compiled start imports lazily, inside its compile phase (Dynamo's, then Inductor's), relative to torch's
-# package folder.
-_LAZY_MODULES = ("_dynamo/convert_frame.py", "_inductor/compile_fx.py")
+# Where each compiler's modules live, relative to torch's package folder: one module of each that a start imports
+# (Dynamo's when `reference` is imported, Inductor's at its first compile or artifact load).
+COMPILER_MODULES = {"dynamo": "_dynamo/convert_frame.py", "inductor": "_inductor/compile_fx.py"}
 
 
-def bytecode_at_hand() -> bool:
-    """Whether Python finds bytecode for the torch modules a start imports inside its compile phase (Dynamo's
-    and Inductor's), beside their sources or under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix``).
+def bytecode_at_hand(compilers: Iterable[str]) -> bool:
+    """Whether Python finds bytecode for each of ``compilers``' modules (keys of ``COMPILER_MODULES``), beside
+    their sources or under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix``).
 
-    Where it does not (an image installed without ``__pycache__`` whose site-packages is read-only), every
-    fresh process compiles those sources again, and start-up's compile phase pays it: on the H100 image a warm
-    ``inductor`` start's first artifact load took 1.44 s of imports without bytecode (perf/NOTES.md v40, v41).
+    Where it does not, a fresh process compiles those sources again as it imports them: only the first one where
+    the bytecode can be written, every one where it cannot (an image installed without ``__pycache__`` whose
+    site-packages is read-only). On the H100 image a warm ``inductor`` start's first artifact load took 1.44 s of
+    Inductor's imports without bytecode (perf/NOTES.md v40, v41).
+
+    Raises:
+        KeyError: a name that is not a key of ``COMPILER_MODULES``.
     """
     folder = Path(torch.__file__).parent
-    return all(os.path.exists(importlib.util.cache_from_source(str(folder / name))) for name in _LAZY_MODULES)
+    paths = [folder / COMPILER_MODULES[name] for name in compilers]
+    return all(os.path.exists(importlib.util.cache_from_source(str(path))) for path in paths)
 
 
 def source_commit(root: Path) -> str:

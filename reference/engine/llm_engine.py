@@ -218,12 +218,16 @@ def _copy_to_host(tokens: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event
 
 
 def _id_set(request_ids: object) -> set[str]:
-    """``request_ids`` (an iterable of ids) as a set; a ValueError naming what is no id."""
+    """``request_ids`` (an iterable of ids) as a set; a ValueError naming what is no id. An error the iterable
+    itself raises (a generator's) comes through as it is."""
     expected = "request_ids: expected a request id (str) or an iterable of them, as add_requests returns"
+    if isinstance(request_ids, (bytes, bytearray)):  # iterable, but of ints
+        raise ValueError(f"{expected}; got {echo(request_ids)}")
     try:
-        ids = list(request_ids)
+        iterator = iter(request_ids)
     except TypeError:
         raise ValueError(f"{expected}; got {echo(request_ids)}") from None
+    ids = list(iterator)
     not_ids = [i for i in ids if not isinstance(i, str)]
     if not_ids:
         raise ValueError(f"{expected}; got {echo(not_ids[0])} among them")
