@@ -156,6 +156,115 @@ def test_a_piece_with_state_of_its_own_has_no_key():
     assert piece_key(torch.fx.GraphModule(owner, graph)) is None
 
 
+def _use(*args, **kwargs):
+    """A call target for hand-built pieces: the key compares its arguments, never runs it."""
+
+
+def _piece(inputs: list, build, meta_key: str = "example_value") -> torch.fx.GraphModule:
+    """A piece whose placeholders carry ``inputs`` as example values under ``meta_key``; ``build(graph, nodes)``
+    returns what it outputs."""
+    graph = torch.fx.Graph()
+    nodes = []
+    for i, value in enumerate(inputs):
+        node = graph.placeholder(f"in_{i}")
+        node.meta[meta_key] = value
+        nodes.append(node)
+    graph.output(build(graph, nodes))
+    return torch.fx.GraphModule(nn.Module(), graph)
+
+
+def _call(*args, **kwargs):
+    """``build`` for :func:`_piece`: one call of ``_use``, each int ``n`` among the arguments (also inside a
+    slice, tuple, list or dict) standing for input node ``n`` where it is wrapped as ``('in', n)``."""
+
+    def node_or_value(value, nodes):
+        if isinstance(value, tuple) and value[:1] == ("in",):
+            return nodes[value[1]]
+        if isinstance(value, slice):
+            return slice(*(node_or_value(v, nodes) for v in (value.start, value.stop, value.step)))
+        if isinstance(value, (tuple, list)):
+            return type(value)(node_or_value(v, nodes) for v in value)
+        if isinstance(value, dict):
+            return {k: node_or_value(v, nodes) for k, v in value.items()}
+        return value
+
+    return lambda graph, nodes: graph.call_function(
+        _use, node_or_value(args, nodes), {k: node_or_value(v, nodes) for k, v in kwargs.items()}
+    )
+
+
+X, Y, Z = ("in", 0), ("in", 1), ("in", 2)  # three inputs of one shape, dtype and strides, separate storages
+DIFFERENT_ARGUMENTS = {
+    "1 and True": ((X, 1), (X, True)),
+    "1 and 1.0": ((X, 1), (X, 1.0)),
+    "0.0 and -0.0": ((X, 0.0), (X, -0.0)),
+    "None and 'None'": ((X, None), (X, "None")),
+    "two dtypes": ((X, torch.float32), (X, torch.float16)),
+    "a tuple and a list": ((X, (1, 2)), (X, [1, 2])),
+    "two slices": ((X, slice(1, 2)), (X, slice(1, 3))),
+    "a slice and a tuple": ((X, slice(1, 2, None)), (X, (1, 2, None))),
+    "slices of two nodes": ((X, slice(Y, None)), (X, slice(Z, None))),
+    "two dict values": ((X, {"a": 1}), (X, {"a": 2})),
+    "two dict keys": ((X, {"a": 1}), (X, {"b": 1})),
+    "dicts of two nodes": ((X, {"a": Y}), (X, {"a": Z})),
+    "two nodes' order": ((X, Y), (Y, X)),
+}
+
+
+@pytest.mark.parametrize("first, second", DIFFERENT_ARGUMENTS.values(), ids=DIFFERENT_ARGUMENTS)
+def test_arguments_are_compared_by_value_and_kind_and_nodes_by_position(first, second):
+    """Each part of an argument a compile reads: a literal's value and type (1, 1.0 and True are equal in Python
+    and hash alike), a container's kind, a slice's bounds, a dict's keys and values, and which input a node is,
+    inside any of them. Equal arguments give equal keys."""
+    inputs = [torch.empty(4, 8) for _ in range(3)]
+    keys = [piece_key(_piece(inputs, _call(*args))) for args in (first, first, second)]
+    assert None not in keys
+    assert keys[0] == keys[1], "one piece built twice took two keys"
+    assert keys[0] != keys[2], "pieces that differ in an argument shared a key"
+
+
+def test_keyword_arguments_count_as_positional_ones_do():
+    inputs = [torch.empty(4, 8) for _ in range(3)]
+    keys = [piece_key(_piece(inputs, _call(X, **kwargs))) for kwargs in ({"k": 1}, {"k": 2}, {"k": Y}, {"k": Z})]
+    assert None not in keys and len(set(keys)) == 4
+
+
+def test_inputs_differ_by_storage_offset_integer_value_and_which_input_they_alias():
+    """A view's offset into its storage, an integer input's value, and which earlier input a tensor shares
+    a storage with (inputs 1 and 2 sharing one is not inputs 0 and 2 sharing one, nor all three separate)."""
+    base = torch.empty(9, 8)
+    at_0, at_1 = base[:8], base[1:]  # one shape and stride, offsets 0 and 8
+    assert piece_key(_piece([at_0], _call(X))) != piece_key(_piece([at_1], _call(X)))
+    assert piece_key(_piece([3], _call(X))) != piece_key(_piece([4], _call(X)))
+    a, b, c = (torch.empty(4, 8) for _ in range(3))
+    patterns = {
+        "separate": [a, b, c],
+        "1 and 2 share": [a, b, b.view(4, 8)],
+        "0 and 2 share": [a, b, a.view(4, 8)],
+        "0 and 1 share": [a, a.view(4, 8), c],
+    }
+    keys = {name: piece_key(_piece(inputs, _call(X, Y, Z))) for name, inputs in patterns.items()}
+    assert None not in keys.values() and len(set(keys.values())) == len(patterns), keys
+
+
+def test_an_input_described_under_val_has_a_key():
+    """After some passes a placeholder carries its example value under ``meta['val']`` only: it is as
+    comparable as under Dynamo's ``example_value``."""
+    keys = [piece_key(_piece([torch.empty(*shape)], _call(X), meta_key="val")) for shape in ((4, 8), (4, 8), (8, 4))]
+    assert None not in keys and keys[0] == keys[1] != keys[2]
+
+
+def test_a_submodule_call_has_no_key():
+    """``call_module`` runs state the key cannot see (as ``get_attr`` reads it, above)."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = torch.empty(4, 8)
+    graph.output(graph.call_module("inner", (x,)))
+    owner = nn.Module()
+    owner.inner = nn.Identity()
+    assert piece_key(torch.fx.GraphModule(owner, graph)) is None
+
+
 SCALES = [2.0, 2.0, 3.0, 2.0, 2.0]  # layers 0, 1, 3 and 4 one program, layer 2 another, the output a third
 
 

@@ -95,6 +95,12 @@ MODULES: dict[str, Module] = {
             "apart_from_one_without",
         ),
     ),
+    "compilation.piece_key": Module(
+        # the key that lets identical pieces share one Inductor compile: a key blind to a factor serves one piece
+        # another's compile, so its rules compare keys and check shared compiles' arithmetic
+        sources=("reference/compilation/piece_key.py",),
+        tests=("conformance/test_piece_key.py",),
+    ),
     "compilation.cache": Module(
         sources=(
             "reference/compilation/cache_key.py",
