@@ -5,6 +5,7 @@ once at import and a default value never goes through its type; here every bound
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,15 +114,18 @@ def test_an_output_file_is_any_other_path(monkeypatch, tmp_path):
         (["--n=1", "--n", "2"], "--n given twice; give it once"),
         (["--chunked", "--no-chunked"], "--chunked and --no-chunked both set chunked; give one"),
         (["--no-chunked", "--no-chunked"], "--no-chunked given twice; give it once"),
+        (["-x=1", "-x", "2"], "-x given twice; give it once"),  # argparse reads -x=1 as -x 1
+        (["--n", "1", "--n", "2", "--", "-h"], "--n given twice; give it once"),  # -h after -- asks nothing
     ],
-    ids=["twice", "once-with-equals", "both-spellings", "negation-twice"],
+    ids=["twice", "once-with-equals", "both-spellings", "negation-twice", "short-with-equals", "help-after-dashes"],
 )
-def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, capsys):
+def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, capsys, monkeypatch):
     """``--num-prompts 3 --num-prompts 5`` ran 5 prompts without a word, and ``--scheduling static --scheduling
     continuous`` only continuous; a flag that collects its values (append) may repeat, and so may anything after
     ``--``."""
     parser = cli.OneLineParser(prog="prog")
     parser.add_argument("--n", type=int)
+    parser.add_argument("-x", type=int)
     parser.add_argument("--chunked", action=argparse.BooleanOptionalAction)
     parser.add_argument("--tag", action="append")
     parser.add_argument("rest", nargs="*")
@@ -134,3 +138,9 @@ def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, 
     with pytest.raises(SystemExit) as exit_info:  # help first, as argparse would give it without the repeat
         parser.parse_args(["-h", *argv])
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: prog")
+    with pytest.raises(SystemExit) as exit_info:  # a command line's own arguments, read from sys.argv
+        monkeypatch.setattr(sys, "argv", ["prog", *argv])
+        parser.parse_args()
+    assert exit_info.value.code == 2 and capsys.readouterr().err == f"prog: error: {message} (see --help)\n"
+    namespace = argparse.Namespace()
+    assert parser.parse_args(["--n", "1"], namespace=namespace) is namespace and namespace.n == 1

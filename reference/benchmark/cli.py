@@ -72,7 +72,7 @@ class OneLineParser(argparse.ArgumentParser):
         for arg in argv:
             if arg == "--":
                 return
-            flag = arg.partition("=")[0] if arg.startswith("--") else arg
+            flag = arg.partition("=")[0] if arg.startswith("-") else arg  # argparse reads -x=1 and --x=1 alike
             action = self._option_string_actions.get(flag)
             if action is None or isinstance(action, _REPEATABLE):
                 continue
