@@ -89,6 +89,14 @@ FAULTS = [
         *_STORE_EVERY_ROW,
         tests="test_a_strided_x_and_an_output_view_leave_every_other_row_alone",
     ),
+    _kernel_fault(
+        "dependent-launch-without-its-wait",
+        "the small-M GEMM is launched with programmatic dependent launch but no longer waits for the kernel "
+        "before it (griddepcontrol.wait), so it may read x and the residual while that kernel still writes them",
+        "    _await_inputs(PDL)\n\n    sum_sq = ",
+        "\n    sum_sq = ",
+        tests="test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory",
+    ),
     Fault(
         id="fused-residual-added-twice",
         kind="ops",

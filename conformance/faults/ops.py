@@ -79,7 +79,7 @@ def _decode_kernel_writing_after_it_reads():
     src = src.replace(_DECODE_AFTER_THE_LOOP, write + _DECODE_AFTER_THE_LOOP)
     header = (
         "import triton\nimport triton.language as tl\n"
-        "from reference.ops.triton_kernels import _online_softmax_step, _scores\n"
+        "from reference.ops.triton_kernels import _await_inputs, _online_softmax_step, _scores\n"
     )
     path = Path(tempfile.mkdtemp(prefix="fault-decode-kernel-")) / "decode_kernel_writing_after_it_reads.py"
     path.write_text(header + src)

@@ -18,6 +18,8 @@ from typing import Iterable
 
 import torch
 
+from reference.ops import dependent_launch
+
 _CLOCKS = "clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem"
 # A benchmark's intra-op threads on a CPU unless told otherwise: the CPU runs time the tiny presets, which
 # gain nothing from more threads, while a pool wider than the cores left free swings latencies several-fold
@@ -60,7 +62,9 @@ def gpu_clocks(device: torch.device) -> dict[str, int] | None:
 
 
 def machine_info(device: torch.device) -> dict:
-    """``{"cpu", "cpu_count", "threads" (torch intra-op), "load_avg" (1, 5, 15 min), "gpu", "gpu_clocks"}``."""
+    """``{"cpu", "cpu_count", "threads" (torch intra-op), "load_avg" (1, 5, 15 min), "gpu", "gpu_clocks",
+    "dependent_launch"}``: the last, whether the custom ops' kernels launch with PDL on ``device``
+    (:mod:`reference.ops.dependent_launch`), so an A/B of ``REFERENCE_DISABLE_PDL`` is told apart in the results."""
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -68,6 +72,7 @@ def machine_info(device: torch.device) -> dict:
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "gpu_clocks": gpu_clocks(device),
+        "dependent_launch": dependent_launch.enabled(device),
     }
 
 

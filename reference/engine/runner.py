@@ -51,7 +51,7 @@ from reference.engine.kernel_warm_up import KernelWarmUp
 from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
-from reference.ops import Attention, AttentionMetadata
+from reference.ops import Attention, AttentionMetadata, dependent_launch
 from reference.ops.attention_metadata import GraphTables, int_lists_to_device
 
 
@@ -149,7 +149,8 @@ class ModelRunner:
             ``max_position_embeddings``, ``max_num_batched_tokens`` exceeds ``max_num_seqs x
             max_model_len``, or the KV cache and input buffers exceed the device's free memory (the
             machine's physical memory on a CPU).
-        ConfigError: no capture size fits the steps (piecewise and ``'full'``: at most
+        ConfigError: ``$REFERENCE_DISABLE_PDL`` neither ``0`` nor ``1`` (:mod:`reference.ops.dependent_launch`),
+            no capture size fits the steps (piecewise and ``'full'``: at most
             ``max_num_batched_tokens``; full decode graphs: at most ``max_num_seqs``), or a compile size no
             step runs at.
 
@@ -184,6 +185,7 @@ class ModelRunner:
             )
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        dependent_launch.enabled(self.device)  # a bad $REFERENCE_DISABLE_PDL is one line here, not at a launch
         self.model = model
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len

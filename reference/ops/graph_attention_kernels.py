@@ -27,14 +27,16 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.ops.triton_kernels import _online_softmax_step, _scores
+from reference.ops import dependent_launch
+from reference.ops.triton_kernels import _await_inputs, _online_softmax_step, _scores
 
 
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _write_kv_cache_kernel(
     k_ptr, v_ptr, cache_ptr, slots_ptr, k_stride, v_stride, c_kv, c_pos,
-    WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t)
     if slot >= 0:
@@ -59,9 +61,10 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slo
     if kv_cache.stride()[1:] != (length * kv_heads * d, kv_heads * d, d, 1):
         raise ValueError(f"kv_cache: expected contiguous [R, L, Hkv, D] planes, got strides {kv_cache.stride()}")
     width = kv_heads * d
+    pdl = dependent_launch.enabled(k.device)
     _write_kv_cache_kernel[(slots.shape[0],)](
         k, v, kv_cache, slots, k.stride(0), v.stride(0), kv_cache.stride(0), kv_cache.stride(2),
-        WIDTH=width, BLOCK=triton.next_power_of_2(width),
+        WIDTH=width, BLOCK=triton.next_power_of_2(width), PDL=pdl, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -72,8 +75,9 @@ def _varlen_attention_kernel(
     c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
     scale, softcap, window,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _await_inputs(PDL)
     p = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
     # the sequence of program p: the last s with cu[s] // BLOCK_Q + s <= p (cu[0] = 0, so s = 0 qualifies)
@@ -156,6 +160,7 @@ def varlen_attention(
     group_pad = triton.next_power_of_2(group)
     block_q = max(1, (64 if d <= 128 else 32) // group_pad)
     grid = (num_tokens // block_q + num_seqs, kv_heads)
+    pdl = dependent_launch.enabled(q.device)
     _varlen_attention_kernel[grid](
         q, kv_cache, out, cu_query_lens, seq_lens, rows,
         q.stride(0), out.stride(0), num_seqs,
@@ -163,6 +168,6 @@ def varlen_attention(
         scale, softcap or 0.0, sliding_window or 0,
         GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK_Q=block_q, BLOCK_N=64 if d <= 64 else 32,
         SEARCH_STEPS=max(1, num_seqs.bit_length()),
-        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4 if d <= 128 else 8,
+        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, PDL=pdl,
+        num_warps=4 if d <= 128 else 8, launch_pdl=pdl,
     )  # fmt: skip

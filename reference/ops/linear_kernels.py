@@ -33,6 +33,11 @@ Epilogues (``EPILOGUES``):
   ``act(gate) * up`` with :mod:`reference.ops.activation`'s rounding points (gate and up rounded to the
   activation dtype first, then the activation, then the product).
 
+Launched with programmatic dependent launch (:mod:`reference.ops.dependent_launch`), each program first asks L2
+for the lines of its first weight tile (``prefetch.global.L2``: no data reaches the program, so nothing can be
+read stale) and only then waits for the kernel before it: while that kernel's last programs finish, the
+weight stream of this one is already on its way.
+
 Importing this module needs Triton; it is imported where Triton is available (``reference.ops.library``).
 """
 
@@ -44,12 +49,25 @@ import torch
 import triton
 import triton.language as tl
 
+from reference.ops import dependent_launch
 from reference.ops.linear_configs import MAX_ROWS, check_config, row_tile, tuned_config
+from reference.ops.triton_kernels import _await_inputs
 
 EPILOGUES = ("none", "residual", "silu_and_mul", "gelu_tanh_and_mul")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # x's and the weight's: what tl.dot multiplies
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _MAX_TILES = 1 << 16  # column blocks one launch may count: N / BLOCK_N, e.g. 128256 / 16 for an LM head
+_LINE = 128  # bytes of an L2 cache line (NVIDIA GPUs since Pascal)
+
+
+@triton.jit
+def _prefetch_to_l2(ptrs):
+    """Ask L2 for the 128-byte lines holding ``ptrs`` (a tensor of pointers, any shape): ``prefetch.global.L2``,
+    which loads nothing into the program and does not wait. Used before ``_await_inputs`` for weights only."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
 
 
 @triton.jit
@@ -85,6 +103,7 @@ def _small_m_linear_kernel(
     M, N, K, x_stride, w_stride, out_stride, res_stride, eps, weight_offset, k_per_split,
     NORM: tl.constexpr, EPILOGUE: tl.constexpr, GATED: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    PDL: tl.constexpr, LINES: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -94,12 +113,19 @@ def _small_m_linear_kernel(
     col_ok = cols < N
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * w_stride  # an LM head's N x K passes 2**31 in 70B models
     dtype = x_ptr.dtype.element_ty
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    if PDL:  # the first weight tile's lines (LINES per row) head for L2 while the kernel before this one ends
+        line_k = k_lo + tl.arange(0, LINES) * (BLOCK_K // LINES)
+        line_ok = col_ok[:, None] & (line_k < k_hi)[None, :]
+        _prefetch_to_l2(tl.where(line_ok, w_rows + line_k[None, :], w_ptr))  # out of range: W's first line
+        if GATED:
+            _prefetch_to_l2(tl.where(line_ok, w_rows + N * w_stride + line_k[None, :], w_ptr))
+    _await_inputs(PDL)
 
     sum_sq = tl.zeros([BLOCK_M], tl.float32)  # NORM: each row's squares over this program's slice of K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # the up half of a gated epilogue; unused otherwise
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < k_hi
@@ -308,6 +334,8 @@ def small_m_linear(
     partial = torch.empty(size, dtype=torch.float32, device=x.device)
     g, eps, offset = norm if norm is not None else (x, 0.0, 0.0)  # unread without NORM
     res = residual if residual is not None else out  # unread without the residual epilogue
+    pdl = dependent_launch.enabled(x.device)
+    lines = max(1, cfg["BLOCK_K"] * x.element_size() // _LINE)  # a power of two: BLOCK_K and itemsize are
     if m:
         _small_m_linear_kernel[(tiles, split)](
             x, weight, out, res, g, partial, _counters(x.device),
@@ -315,6 +343,6 @@ def small_m_linear(
             NORM=norm is not None, EPILOGUE=EPILOGUES.index(epilogue),
             GATED=gated, SPLIT_K=split,
             BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], IEEE=x.dtype == torch.float32,
-            num_warps=cfg["num_warps"],
+            PDL=pdl, LINES=lines, num_warps=cfg["num_warps"], launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -11,6 +11,9 @@ sequences) and pointers a kernel reads scalars through (per-sequence metadata) a
 (``do_not_specialize``, ``do_not_specialize_on_alignment``), here and in the modules beside this one, so that
 a cold start compiles each kernel once per model shape (conformance/test_kernel_variants.py; perf/NOTES.md v35).
 
+On Hopper and newer GPUs every kernel here and in the modules beside this one launches with programmatic dependent
+launch and waits for the kernel before it at its top (``_await_inputs``; :mod:`reference.ops.dependent_launch`).
+
 Kernels:
 * ``rms_norm`` / ``fused_add_rms_norm``: one program per token row (H <= 16384).
 * ``gated_activation``: SiLU- or GELU(tanh)-and-mul, one program per (row, block of I).
@@ -32,9 +35,21 @@ import torch
 import triton
 import triton.language as tl
 
+from reference.ops import dependent_launch
+
 
 def _launch_params(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
+@triton.jit
+def _await_inputs(PDL: tl.constexpr):
+    """Under programmatic dependent launch (PDL, :mod:`reference.ops.dependent_launch`): wait until the kernel
+    before this one has completed and its writes are visible, then let the kernel after this one be scheduled.
+    Every kernel here calls it before its first global memory access; without PDL it is nothing."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 # ---------------------------------------------------------------------------------------------- RMSNorm
@@ -42,8 +57,9 @@ def _launch_params(block: int) -> int:
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     x_stride, x_head_stride, heads, res_stride, hidden, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, OFFSET_STYLE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, OFFSET_STYLE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    _await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)  # token row * heads + head
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -73,17 +89,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     res_out = torch.empty_like(out) if residual is not None else out
     res = residual if residual is not None else x
     if t * heads:
+        pdl = dependent_launch.enabled(x.device)
         _rms_norm_kernel[(t * heads,)](
             x, res, weight, out, res_out, x.stride(0), head_stride, heads, res.stride(0), h, eps, weight_offset,
-            HAS_RESIDUAL=residual is not None, OFFSET_STYLE=weight_offset != 0.0, BLOCK=block,
-            num_warps=_launch_params(block),
+            HAS_RESIDUAL=residual is not None, OFFSET_STYLE=weight_offset != 0.0, BLOCK=block, PDL=pdl,
+            num_warps=_launch_params(block), launch_pdl=pdl,
         )
     return (out, res_out) if residual is not None else out
 
 
 # ------------------------------------------------------------------------------------ gated activation
 @triton.jit
-def _gated_kernel(x_ptr, out_ptr, x_stride, inter, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(x_ptr, out_ptr, x_stride, inter, GELU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -106,7 +124,10 @@ def gated_activation(x: torch.Tensor, gelu: bool) -> torch.Tensor:
     out = torch.empty((t, inter), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(inter))
     if t:
-        _gated_kernel[(t, triton.cdiv(inter, block))](x, out, x.stride(0), inter, GELU=gelu, BLOCK=block, num_warps=4)
+        pdl = dependent_launch.enabled(x.device)
+        _gated_kernel[(t, triton.cdiv(inter, block))](
+            x, out, x.stride(0), inter, GELU=gelu, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        )
     return out
 
 
@@ -144,8 +165,9 @@ def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cache_ptr, q_w_ptr, k_w_ptr,
     q_stride, k_stride, q_heads, k_heads, cache_stride, eps, weight_offset,
     HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, NORM: tl.constexpr,
-    OFFSET_STYLE: tl.constexpr,
+    OFFSET_STYLE: tl.constexpr, PDL: tl.constexpr,
 ):
+    _await_inputs(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok)
     d = tl.arange(0, HALF)
@@ -179,11 +201,12 @@ def rotary(
     k_out = torch.empty((t, k.shape[1]), dtype=k.dtype, device=k.device)
     q_w, k_w, eps, offset = norm if norm is not None else (q, k, 0.0, 0.0)  # weights unread without NORM
     if t:
+        pdl = dependent_launch.enabled(q.device)
         _rotary_kernel[(t,)](
             positions, q, k, q_out, k_out, cache, q_w, k_w, q.stride(0), k.stride(0), q_heads, k_heads,
             cache.stride(0), eps, offset,
             HALF=head_size // 2, BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
-            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, num_warps=4,
+            NORM=norm is not None, OFFSET_STYLE=offset != 0.0, PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return q_out, k_out
 
@@ -226,8 +249,9 @@ def _decode_attention_kernel(
     c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
     scale, softcap, window,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, ZERO_PADDING: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, ZERO_PADDING: tl.constexpr, PDL: tl.constexpr,
 ):
+    _await_inputs(PDL)
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     row = tl.load(rows_ptr + seq).to(tl.int64)
@@ -293,6 +317,7 @@ def decode_attention(
     b = rows.shape[0]
     _, _, _, kv_heads, d = kv_cache.shape
     group = q.shape[1] // (kv_heads * d)
+    pdl = dependent_launch.enabled(q.device)
     _decode_attention_kernel[(b, kv_heads)](
         q, k, v, kv_cache, rows, seq_lens, out,
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
@@ -300,7 +325,7 @@ def decode_attention(
         scale, softcap or 0.0, sliding_window or 0,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=64 if d <= 128 else 32,
         SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        ZERO_PADDING=zero_padding, num_warps=4 if d <= 128 else 8,
+        ZERO_PADDING=zero_padding, PDL=pdl, num_warps=4 if d <= 128 else 8, launch_pdl=pdl,
     )
 
 
@@ -312,8 +337,9 @@ def _prefill_attention_kernel(
     c_kv, c_row, c_pos, c_head,  # KV-cache strides: [2, R, L, Hkv, D]
     scale, softcap, window,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
+    _await_inputs(PDL)
     seq = tl.program_id(0).to(tl.int64)
     m0 = tl.program_id(1) * BLOCK_M
     qh = tl.program_id(2).to(tl.int64)
@@ -383,12 +409,13 @@ def prefill_attention(
     block_m = 64 if d <= 128 else 32
     block_n = 64 if d <= 64 else 32
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), heads)
+    pdl = dependent_launch.enabled(q.device)
     _prefill_attention_kernel[grid](
         q, kv_cache, out, seqs,
         q.stride(0), out.stride(0), num_seqs,
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         scale, softcap or 0.0, sliding_window or 0,
         GROUP=heads // kv_heads, D=d, BLOCK_M=block_m, BLOCK_N=block_n,
-        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32,
-        num_warps=4 if d <= 128 else 8,
+        SOFTCAP=softcap is not None, WINDOW=sliding_window is not None, IEEE=q.dtype == torch.float32, PDL=pdl,
+        num_warps=4 if d <= 128 else 8, launch_pdl=pdl,
     )

@@ -1,0 +1,182 @@
+"""Programmatic dependent launch (PDL) of the custom ops' Triton kernels (reference.ops.dependent_launch).
+
+A kernel launched with PDL may be running while the kernel before it on the stream still runs, so it is
+right only if it waits (``griddepcontrol.wait``) before its first load, store or atomic of global memory. A
+kernel that read or wrote first would race the kernel before it: a wrong result now and then, which no
+comparison of outputs can be trusted to catch. So the rule is read from each kernel's PTX, where it is
+certain: launched with PDL, every kernel's first global memory access follows ``griddepcontrol.wait``, and
+``griddepcontrol.launch_dependents`` comes after the wait; with ``REFERENCE_DISABLE_PDL=1`` neither is there
+and the launch does not ask for PDL. Then a model's steps, in piecewise and full graphs with the GEMM fusions
+on (every kernel of a Llama layer is one of ours), give the same bits with PDL as without: the kernels do
+the same arithmetic either way, only when they start differs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from conformance.driver import prefill_and_decode
+from conformance.helpers import make_runner, small_llama_config
+from reference.config import ConfigError
+from reference.ops import dependent_launch
+from reference.ops.library import HAS_TRITON
+
+FUSED = ["all", "+rms_norm_linear", "+linear_activation", "+linear_residual_add"]
+D, KV_HEADS, GROUP, ROWS, MAX_LEN = 64, 2, 4, 8, 64
+_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp\.async(?:\.bulk)?)\.global\b")
+
+hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= dependent_launch.MIN_CAPABILITY),
+    reason="PDL needs a GPU of compute capability 9.0 or more",
+)
+
+
+def _on_hopper_kernels(test):
+    """Marks for a test that launches the kernels: the GPU suite's, on a GPU with PDL and Triton."""
+    for mark in (pytest.mark.gpu, pytest.mark.requires("components"), hopper,
+                 pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")):  # fmt: skip
+        test = mark(test)
+    return test
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true", " 1"])
+def test_a_switch_that_is_neither_0_nor_1_is_one_line_naming_it(monkeypatch, value):
+    monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+    expected = rf"^REFERENCE_DISABLE_PDL: expected '0' or '1', got {re.escape(repr(value))}$"
+    with pytest.raises(ConfigError, match=expected):
+        dependent_launch.enabled(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "1"])
+def test_a_cpu_never_launches_with_pdl(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+    assert dependent_launch.enabled(torch.device("cpu")) is False
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("0", True), ("1", False)])
+def test_a_hopper_gpu_launches_with_pdl_unless_it_is_switched_off(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+    assert dependent_launch.enabled(torch.device("cuda")) is expected
+
+
+def test_the_runner_refuses_a_bad_switch_before_it_runs_anything(monkeypatch, impl):
+    monkeypatch.setenv(dependent_launch.DISABLE_ENV, "on")
+    with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_PDL: expected '0' or '1', got 'on'$"):
+        make_runner(impl, "no_inductor", small_llama_config())
+
+
+# ------------------------------------------------------------------------------------------- the PTX rule
+def _launches():
+    """(name, kernel, launch) for every custom-op kernel: ``launch()`` calls its wrapper once on small inputs."""
+    from reference.ops import graph_attention_kernels as graph
+    from reference.ops import linear_kernels, triton_kernels
+
+    dt = torch.bfloat16
+    cache = torch.zeros(2, ROWS, MAX_LEN, KV_HEADS, D, device="cuda", dtype=dt)
+    qkv = torch.randn(4, (KV_HEADS * GROUP + 2 * KV_HEADS) * D, device="cuda", dtype=dt)
+    q, k, v = qkv.split([KV_HEADS * GROUP * D, KV_HEADS * D, KV_HEADS * D], dim=-1)
+    out = torch.empty_like(q)
+    hidden = torch.randn(4, 256, device="cuda", dtype=dt)
+    norm_w = torch.ones(256, device="cuda", dtype=dt)
+    ints = lambda values: torch.tensor(values, dtype=torch.int64, device="cuda")  # noqa: E731
+    weight = torch.randn(2 * 128, 256, device="cuda", dtype=dt)
+    split = {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 4}
+    return [
+        ("rms_norm", triton_kernels._rms_norm_kernel,
+         lambda: triton_kernels.rms_norm(hidden, norm_w, 1e-6, 0.0, hidden)),
+        ("gated_activation", triton_kernels._gated_kernel, lambda: triton_kernels.gated_activation(hidden, False)),
+        ("rotary", triton_kernels._rotary_kernel,
+         lambda: triton_kernels.rotary(ints([0, 1, 2, 3]), q, k, torch.randn(MAX_LEN, D, device="cuda"), D)),
+        ("decode_attention", triton_kernels._decode_attention_kernel,
+         lambda: triton_kernels.decode_attention(q, k, v, cache, ints([0, 1]), ints([3, 5]), out, D**-0.5, None, None)),
+        ("prefill_attention", triton_kernels._prefill_attention_kernel,
+         lambda: triton_kernels.prefill_attention(q, cache, ints([0, 2, 2, 2, 2, 2, 0, 1]).view(4, 2), 2, out,
+                                                  D**-0.5, None, None)),
+        ("write_kv_cache", graph._write_kv_cache_kernel,
+         lambda: graph.write_kv_cache(k, v, cache, ints([0, MAX_LEN, -1, 2 * MAX_LEN]))),
+        ("varlen_attention", graph._varlen_attention_kernel,
+         lambda: graph.varlen_attention(q, cache, ints([0, 1, 3]), ints([1, 2]), ints([0, 1]), 4, out, D**-0.5,
+                                        None, None)),
+        ("small_m_linear gated, split-K", linear_kernels._small_m_linear_kernel,
+         lambda: linear_kernels.small_m_linear(hidden, weight, epilogue="silu_and_mul", norm=(norm_w, 1e-6, 0.0),
+                                               config=split)),
+    ]  # fmt: skip
+
+
+def _compiled_by(monkeypatch, kernel, launch):
+    """The compiled kernel that ``launch()`` ran ``kernel`` (a ``triton.JITFunction``) as."""
+    seen, run = [], kernel.run
+
+    def spy(*args, **kwargs):
+        seen.append(run(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(kernel, "run", spy)
+    launch()
+    torch.cuda.synchronize()
+    monkeypatch.setattr(kernel, "run", run)
+    assert seen, "the wrapper never launched its kernel"
+    return seen[-1]
+
+
+def _body(compiled) -> str:
+    ptx = compiled.asm["ptx"]
+    return ptx[ptx.index(".entry") :]
+
+
+@_on_hopper_kernels
+@pytest.mark.parametrize("index", range(8), ids=lambda i: ["rms_norm", "gated", "rotary", "decode", "prefill",
+                                                            "write_kv", "varlen", "small_m"][i])  # fmt: skip
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "switched-off"])
+def test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory(monkeypatch, index, pdl):
+    if not pdl:
+        monkeypatch.setenv(dependent_launch.DISABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    name, kernel, launch = _launches()[index]
+    compiled = _compiled_by(monkeypatch, kernel, launch)
+    body = _body(compiled)
+    wait, handoff = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
+    if not pdl:
+        assert compiled.metadata.launch_pdl is False, f"{name}: launched with PDL although it is switched off"
+        assert wait < 0 and handoff < 0, f"{name}: griddepcontrol in a kernel launched without PDL"
+        return
+    assert compiled.metadata.launch_pdl is True, f"{name}: not launched with PDL on a GPU that has it"
+    assert wait >= 0, f"{name}: launched with PDL but never waits for the kernel before it"
+    first = _GLOBAL_ACCESS.search(body)
+    assert first is None or first.start() > wait, (
+        f"{name}: {first.group(0)} before griddepcontrol.wait: it may race the kernel before it"
+    )
+    assert handoff > wait, f"{name}: launch_dependents missing or before the wait"
+
+
+@_on_hopper_kernels
+@pytest.mark.parametrize("mode", ["no_inductor", "no_inductor_full"])
+def test_steps_give_the_same_bits_with_and_without_pdl(monkeypatch, impl, mode):
+    """Each runner is built, warmed up (its graphs captured) and run under one setting, one after the other,
+    because eager launches (attention between piecewise graphs) read the switch at each launch."""
+    logits = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv(dependent_launch.DISABLE_ENV, setting)
+        runner = make_runner(
+            impl, mode, small_llama_config(), device="cuda", dtype=torch.bfloat16, max_num_seqs=4,
+            cudagraph_capture_sizes=[1, 2, 4, 8, 16], custom_ops=FUSED,
+        )  # fmt: skip
+        runner.warm_up()
+        prompts = [[1, 5, 9], [2, 6], [3, 7, 11, 13], [4]]
+        logits[setting] = prefill_and_decode({"run": runner}, prompts, 6, leader="run")["run"]
+        del runner
+    for step, (without, with_pdl) in enumerate(zip(logits["1"], logits["0"])):
+        assert torch.equal(with_pdl, without), f"{mode}: step {step} differs with PDL on"
+
