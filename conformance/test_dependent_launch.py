@@ -19,14 +19,18 @@ import pytest
 import torch
 
 from conformance.driver import prefill_and_decode
-from conformance.helpers import make_runner, small_llama_config
+from conformance.helpers import make_runner, small_llama_config, tiny_eager_llm
 from reference.config import ConfigError
 from reference.ops import dependent_launch
 from reference.ops.library import HAS_TRITON
 
 FUSED = ["all", "+rms_norm_linear", "+linear_activation", "+linear_residual_add"]
 D, KV_HEADS, GROUP, ROWS, MAX_LEN = 64, 2, 4, 8, 64
-_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp\.async(?:\.bulk)?)\.global\b")
+# An instruction's opcode (after an optional predicate): any of them on the .global state space reads or writes
+# global memory (ld.global.nc, cp.async.cg.shared.global, atom.global.gpu.acq_rel, ld.acquire.gpu.global, ...),
+# except a prefetch (no data reaches the program) and the address conversions.
+_OPCODE = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w:.]*)", re.MULTILINE)
+_NOT_ACCESSES = ("prefetch", "cvta", "isspacep")
 
 hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= dependent_launch.MIN_CAPABILITY),
@@ -76,6 +80,23 @@ def test_the_runner_refuses_a_bad_switch_before_it_runs_anything(monkeypatch, im
         make_runner(impl, "no_inductor", small_llama_config())
 
 
+def test_llm_refuses_a_bad_switch_before_it_loads_weights(monkeypatch):
+    from reference.models import registry
+
+    monkeypatch.setenv(dependent_launch.DISABLE_ENV, "TRUE")
+    monkeypatch.setattr(registry, "build_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_PDL: expected '0' or '1', got 'TRUE'$"):
+        tiny_eager_llm()
+
+
+def test_the_benchmarks_record_whether_the_kernels_launched_with_pdl(monkeypatch):
+    from reference.benchmark import machine
+
+    for answer in (True, False):
+        monkeypatch.setattr(dependent_launch, "enabled", lambda device, answer=answer: answer)
+        assert machine.machine_info(torch.device("cpu"))["dependent_launch"] is answer
+
+
 # ------------------------------------------------------------------------------------------- the PTX rule
 def _launches():
     """(name, kernel, launch) for every custom-op kernel: ``launch()`` calls its wrapper once on small inputs."""
@@ -111,6 +132,11 @@ def _launches():
         ("small_m_linear gated, split-K", linear_kernels._small_m_linear_kernel,
          lambda: linear_kernels.small_m_linear(hidden, weight, epilogue="silu_and_mul", norm=(norm_w, 1e-6, 0.0),
                                                config=split)),
+        ("small_m_linear residual, one slice", linear_kernels._small_m_linear_kernel,
+         lambda: linear_kernels.small_m_linear(hidden, weight[:256], epilogue="residual", residual=hidden,
+                                               config={**split, "SPLIT_K": 1})),
+        ("small_m_linear fp32, split-K", linear_kernels._small_m_linear_kernel,
+         lambda: linear_kernels.small_m_linear(hidden.float(), weight.float(), config=split)),
     ]  # fmt: skip
 
 
@@ -135,9 +161,39 @@ def _body(compiled) -> str:
     return ptx[ptx.index(".entry") :]
 
 
+def _first_global_access(body: str) -> tuple[int, str] | None:
+    """(offset, opcode) of the first instruction of ``body`` (PTX) that accesses global memory, or None."""
+    for match in _OPCODE.finditer(body):
+        op = match.group(1)
+        if ".global" in op and not op.startswith(_NOT_ACCESSES):
+            return match.start(1), op
+    return None
+
+
+@pytest.mark.parametrize(
+    "ptx, expected",
+    [
+        ("cvta.to.global.u64 %rd1, %rd2;\n prefetch.global.L2 [%rd1];\n mov.b32 %r1, 0;", None),
+        ("mov.b32 %r1, 0;\n @%p1 cp.async.cg.shared.global [ %r2 + 0 ], [ %rd3 + 0 ], 0x10, %r4;",
+         "cp.async.cg.shared.global"),
+        ("@!%p2 ld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd5 + 0 ];", "ld.global.nc.v4.b32"),
+        ("ld.acquire.gpu.global.b32 %r1, [%rd1];", "ld.acquire.gpu.global.b32"),
+        ("atom.global.gpu.acq_rel.add.u32 %r1, [%rd1], 1;", "atom.global.gpu.acq_rel.add.u32"),
+        ("cp.async.bulk.tensor.2d.shared::cluster.global.tile [%r1], [%rd1, {%r2, %r3}], [%r4];",
+         "cp.async.bulk.tensor.2d.shared::cluster.global.tile"),
+        ("red.global.add.f32 [%rd1], %f1;", "red.global.add.f32"),
+        (".extern .shared .align 16 .b8 global_smem[];\n mov.u32 %r1, global_smem;", None),
+    ],
+)
+def test_the_ptx_reading_finds_every_kind_of_global_access(ptx, expected):
+    found = _first_global_access(ptx)
+    assert (found and found[1]) == expected
+
+
 @_on_hopper_kernels
-@pytest.mark.parametrize("index", range(8), ids=lambda i: ["rms_norm", "gated", "rotary", "decode", "prefill",
-                                                            "write_kv", "varlen", "small_m"][i])  # fmt: skip
+@pytest.mark.parametrize("index", range(10), ids=lambda i: ["rms_norm", "gated", "rotary", "decode", "prefill",
+                                                             "write_kv", "varlen", "small_m", "small_m_residual",
+                                                             "small_m_fp32"][i])  # fmt: skip
 @pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "switched-off"])
 def test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory(monkeypatch, index, pdl):
     if not pdl:
@@ -154,10 +210,9 @@ def test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory(monkey
         return
     assert compiled.metadata.launch_pdl is True, f"{name}: not launched with PDL on a GPU that has it"
     assert wait >= 0, f"{name}: launched with PDL but never waits for the kernel before it"
-    first = _GLOBAL_ACCESS.search(body)
-    assert first is None or first.start() > wait, (
-        f"{name}: {first.group(0)} before griddepcontrol.wait: it may race the kernel before it"
-    )
+    first = _first_global_access(body)
+    assert first is None or first[0] > wait, f"{name}: {first[1]} before griddepcontrol.wait: it may race its elder"
+
     assert handoff > wait, f"{name}: launch_dependents missing or before the wait"
 
 

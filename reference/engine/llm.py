@@ -27,7 +27,7 @@ from reference.engine.runner import ModelRunner, StartupStats
 from reference.engine.sampling import SamplingParams
 from reference.engine.scheduler import check_scheduling
 from reference.models import registry
-from reference.ops import CustomOpSelection
+from reference.ops import CustomOpSelection, dependent_launch
 
 
 class LLM:
@@ -90,7 +90,8 @@ class LLM:
         ValueError: an argument is out of range (the message names it); ``tensor_parallel_size`` does not
             divide the heads, KV heads, MLP width or vocabulary, differs from torchrun's ``WORLD_SIZE``, or
             exceeds the CUDA devices.
-        reference.config.ConfigError: the compilation config is invalid or contradicts ``enforce_eager``.
+        reference.config.ConfigError: the compilation config is invalid or contradicts ``enforce_eager``, or
+            ``$REFERENCE_DISABLE_PDL`` is neither ``0`` nor ``1``.
     """
 
     def __init__(
@@ -169,6 +170,7 @@ class LLM:
         )
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
+        dependent_launch.enabled(self.device)  # and $REFERENCE_DISABLE_PDL
         check_memory_before_build(
             model,
             ops,

@@ -8,7 +8,9 @@ Programming Guide), a kernel launched with the programmatic-stream-serialization
 while the kernel before it still runs, once every block of that kernel has executed
 ``griddepcontrol.launch_dependents``; it must then execute ``griddepcontrol.wait``, which returns when the
 kernel before it has completed and flushed its writes, before it touches anything that kernel may write or
-read. Stream capture records the relation as a programmatic edge of the graph, so replays keep it. Triton
+read. Stream capture records the relation as a programmatic edge of the graph, so replays keep it (the
+guide's "PDL in CUDA Graphs"). ``launch_dependents`` is a hint: the next kernel is scheduled once every block
+of this one has executed it or exited, so for a grid of several waves not before the last wave. Triton
 exposes the two instructions as ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` and the attribute as
 the ``launch_pdl`` launch option.
 
@@ -34,6 +36,7 @@ from reference.config import ConfigError
 
 DISABLE_ENV = "REFERENCE_DISABLE_PDL"
 MIN_CAPABILITY = (9, 0)  # griddepcontrol: sm_90 and newer
+INTERPRETER_ON = ("1", "true", "on", "yes")  # what Triton reads as TRITON_INTERPRET set
 
 
 @functools.cache
@@ -45,7 +48,8 @@ def enabled(device: torch.device) -> bool:
     """Whether the custom ops' Triton kernels on ``device`` launch with PDL (module doc): on a CUDA device of
     compute capability 9.0 or more, not under Triton's interpreter (``TRITON_INTERPRET=1``), unless
     ``$REFERENCE_DISABLE_PDL`` is ``1``. The environment is read at each call (a launch reads it; the kernels
-    are compiled with the answer, so changing it compiles them again).
+    are compiled with the answer, so changing it compiles them again). The runner and ``LLM`` call it before
+    anything is built, so a bad value is one line there.
 
     Raises:
         ConfigError: ``$REFERENCE_DISABLE_PDL`` is set to something other than ``0`` or ``1``.
@@ -54,7 +58,8 @@ def enabled(device: torch.device) -> bool:
     if disable not in ("0", "1"):
         raise ConfigError(f"{DISABLE_ENV}: expected '0' or '1', got {disable!r}")
     device = torch.device(device)
-    if disable == "1" or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in INTERPRETER_ON  # no inline PTX there
+    if disable == "1" or device.type != "cuda" or interpreted:
         return False
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

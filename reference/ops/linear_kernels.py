@@ -184,7 +184,9 @@ def _small_m_linear_kernel(
 def _counters(device: torch.device) -> torch.Tensor:
     """The device's ticket counters, [_MAX_TILES] int32, all 0 between launches (each launch's last programs
     set theirs back). Made on first use, which must not be inside a CUDA-graph capture (the runner's warm-up
-    runs every size eagerly first); launches on one stream never overlap, so one set serves every GEMM.
+    runs every size eagerly first). One set serves every GEMM on a stream: launches may overlap under
+    programmatic dependent launch, but a program touches the counters only after its wait, when every kernel
+    before it has finished.
 
     Raises:
         RuntimeError: first used while a CUDA graph is being captured.
