@@ -170,7 +170,7 @@ class LLM:
         )
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
-        dependent_launch.enabled(self.device)  # and $REFERENCE_DISABLE_PDL
+        dependent_launch.switched_off()  # and $REFERENCE_DISABLE_PDL
         check_memory_before_build(
             model,
             ops,

@@ -185,7 +185,7 @@ class ModelRunner:
             )
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        dependent_launch.enabled(self.device)  # a bad $REFERENCE_DISABLE_PDL is one line here, not at a launch
+        dependent_launch.switched_off()  # a bad $REFERENCE_DISABLE_PDL is one line here, not at a launch
         self.model = model
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len

@@ -44,12 +44,9 @@ def _capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether the custom ops' Triton kernels on ``device`` launch with PDL (module doc): on a CUDA device of
-    compute capability 9.0 or more, not under Triton's interpreter (``TRITON_INTERPRET=1``), unless
-    ``$REFERENCE_DISABLE_PDL`` is ``1``. The environment is read at each call (a launch reads it; the kernels
-    are compiled with the answer, so changing it compiles them again). The runner and ``LLM`` call it before
-    anything is built, so a bad value is one line there.
+def switched_off() -> bool:
+    """Whether ``$REFERENCE_DISABLE_PDL`` is ``1`` (unset or empty: ``0``). The runner and ``LLM`` call it before
+    they build anything, so a bad value is one line there and not at a kernel's launch.
 
     Raises:
         ConfigError: ``$REFERENCE_DISABLE_PDL`` is set to something other than ``0`` or ``1``.
@@ -57,9 +54,22 @@ def enabled(device: torch.device) -> bool:
     disable = os.environ.get(DISABLE_ENV) or "0"  # set but empty (`VAR=`) reads as unset
     if disable not in ("0", "1"):
         raise ConfigError(f"{DISABLE_ENV}: expected '0' or '1', got {disable!r}")
+    return disable == "1"
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether the custom ops' Triton kernels on ``device`` launch with PDL (module doc): on a CUDA device of
+    compute capability 9.0 or more, not under Triton's interpreter (``TRITON_INTERPRET=1``), unless
+    ``$REFERENCE_DISABLE_PDL`` is ``1``. The environment is read at each call (a launch reads it; the kernels
+    are compiled with the answer, so changing it compiles them again).
+
+    Raises:
+        ConfigError: ``$REFERENCE_DISABLE_PDL`` is set to something other than ``0`` or ``1``.
+    """
+    disable = switched_off()
     device = torch.device(device)
     interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in INTERPRETER_ON  # no inline PTX there
-    if disable == "1" or device.type != "cuda" or interpreted:
+    if disable or device.type != "cuda" or interpreted:
         return False
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
