@@ -63,6 +63,41 @@ def test_a_cpu_never_launches_with_pdl(monkeypatch, value):
     assert dependent_launch.enabled(torch.device("cpu")) is False
 
 
+@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_the_switch_reads_1_as_off_and_0_or_nothing_as_on(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+    assert dependent_launch.switched_off() is expected
+
+
+@pytest.mark.parametrize(
+    "device, interpret, capable, expected",
+    [
+        ("cuda:1", None, True, True),
+        ("cuda", None, True, True),  # no index: the current device's capability
+        ("cuda:1", None, False, False),
+        ("cuda:1", "1", True, False),  # Triton's interpreter runs no inline PTX
+        ("cuda:1", "true", True, False),
+        ("cuda:1", "0", True, True),
+    ],
+)
+def test_a_cuda_device_launches_with_pdl_where_its_capability_allows(monkeypatch, device, interpret, capable, expected):
+    """Without a GPU: the capability query and the current device stand in (the GPU rule below asks the card)."""
+    asked = []
+    monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.setattr(dependent_launch, "_capable", lambda d: asked.append(d) or capable)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert dependent_launch.enabled(torch.device(device)) is expected
+    reaches_the_card = interpret not in ("1", "true")
+    assert asked == ([torch.device("cuda", 1)] if reaches_the_card else [])
+
+
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("0", True), ("1", False)])

@@ -180,6 +180,12 @@ MODULES: dict[str, Module] = {
             "conformance/test_custom_ops.py",
         ),
     ),
+    "ops.launch": Module(
+        # the programmatic-dependent-launch switch; on a CPU the capability and device lines are not reached (the
+        # kernels' own wait is the PTX rule's and the catalogue's business on a GPU)
+        sources=("reference/ops/dependent_launch.py",),
+        tests=("conformance/test_dependent_launch.py",),
+    ),
     "ops.metadata": Module(
         # what attention reads per step, built on the host: the step metadata and a full graph's tables (their
         # flat form, the gap entry over the decodes, the padding); the kernels that read them run on CUDA only
