@@ -5,10 +5,10 @@ right only if it waits (``griddepcontrol.wait``) before its first load, store or
 kernel that read or wrote first would race the kernel before it: a wrong result now and then, which no
 comparison of outputs can be trusted to catch. So the rule is read from each kernel's PTX, where it is
 certain: launched with PDL, every kernel's first global memory access follows ``griddepcontrol.wait``, and
-``griddepcontrol.launch_dependents`` comes after the wait; with ``REFERENCE_DISABLE_PDL=1`` neither is there
-and the launch does not ask for PDL. Then a model's steps, in piecewise and full graphs with the GEMM fusions
-on (every kernel of a Llama layer is one of ours), give the same bits with PDL as without: the kernels do
-the same arithmetic either way, only when they start differs.
+``griddepcontrol.launch_dependents`` comes after the wait; without ``REFERENCE_PDL=1`` (the default: PDL
+measured slower, perf/NOTES.md v42) neither is there and the launch does not ask for PDL. Then a model's steps,
+in piecewise and full graphs with the GEMM fusions on (every kernel of a Llama layer is one of ours), give the
+same bits with PDL as without: the kernels do the same arithmetic either way, only when they start differs.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _on_hopper_kernels(test):
 
 @pytest.mark.parametrize("value", ["yes", "2", "true", " 1"])
 def test_a_switch_that_is_neither_0_nor_1_is_one_line_naming_it(monkeypatch, value):
-    monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
-    expected = rf"^REFERENCE_DISABLE_PDL: expected '0' or '1', got {re.escape(repr(value))}$"
+    monkeypatch.setenv(dependent_launch.ENV, value)
+    expected = rf"^REFERENCE_PDL: expected '0' or '1', got {re.escape(repr(value))}$"
     with pytest.raises(ConfigError, match=expected):
         dependent_launch.enabled(torch.device("cpu"))
 
@@ -57,19 +57,19 @@ def test_a_switch_that_is_neither_0_nor_1_is_one_line_naming_it(monkeypatch, val
 @pytest.mark.parametrize("value", [None, "", "0", "1"])
 def test_a_cpu_never_launches_with_pdl(monkeypatch, value):
     if value is None:
-        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
     else:
-        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+        monkeypatch.setenv(dependent_launch.ENV, value)
     assert dependent_launch.enabled(torch.device("cpu")) is False
 
 
 @pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
-def test_the_switch_reads_1_as_off_and_0_or_nothing_as_on(monkeypatch, value, expected):
+def test_the_switch_reads_1_as_on_and_0_or_nothing_as_off(monkeypatch, value, expected):
     if value is None:
-        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
     else:
-        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
-    assert dependent_launch.switched_off() is expected
+        monkeypatch.setenv(dependent_launch.ENV, value)
+    assert dependent_launch.switched_on() is expected
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_the_switch_reads_1_as_off_and_0_or_nothing_as_on(monkeypatch, value, ex
 def test_a_cuda_device_launches_with_pdl_where_its_capability_allows(monkeypatch, device, interpret, capable, expected):
     """Without a GPU: the capability query and the current device stand in (the GPU rule below asks the card)."""
     asked = []
-    monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(dependent_launch.ENV, "1")
     if interpret is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     else:
@@ -98,29 +98,37 @@ def test_a_cuda_device_launches_with_pdl_where_its_capability_allows(monkeypatch
     assert asked == ([torch.device("cuda", 1)] if reaches_the_card else [])
 
 
+def test_pdl_is_off_unless_asked_for_even_where_the_card_has_it(monkeypatch):
+    """The default, as measured: PDL made the 8B step slower on an H100 (perf/NOTES.md v42)."""
+    monkeypatch.delenv(dependent_launch.ENV, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(dependent_launch, "_capable", lambda d: True)
+    assert dependent_launch.enabled(torch.device("cuda", 0)) is False
+
+
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("0", True), ("1", False)])
-def test_a_hopper_gpu_launches_with_pdl_unless_it_is_switched_off(monkeypatch, value, expected):
+@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_a_hopper_gpu_launches_with_pdl_only_when_it_is_switched_on(monkeypatch, value, expected):
     if value is None:
-        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
     else:
-        monkeypatch.setenv(dependent_launch.DISABLE_ENV, value)
+        monkeypatch.setenv(dependent_launch.ENV, value)
     assert dependent_launch.enabled(torch.device("cuda")) is expected
 
 
 def test_the_runner_refuses_a_bad_switch_before_it_runs_anything(monkeypatch, impl):
-    monkeypatch.setenv(dependent_launch.DISABLE_ENV, "on")
-    with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_PDL: expected '0' or '1', got 'on'$"):
+    monkeypatch.setenv(dependent_launch.ENV, "on")
+    with pytest.raises(ConfigError, match=r"^REFERENCE_PDL: expected '0' or '1', got 'on'$"):
         make_runner(impl, "no_inductor", small_llama_config())
 
 
 def test_llm_refuses_a_bad_switch_before_it_loads_weights(monkeypatch):
     from reference.models import registry
 
-    monkeypatch.setenv(dependent_launch.DISABLE_ENV, "TRUE")
+    monkeypatch.setenv(dependent_launch.ENV, "TRUE")
     monkeypatch.setattr(registry, "build_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
-    with pytest.raises(ConfigError, match=r"^REFERENCE_DISABLE_PDL: expected '0' or '1', got 'TRUE'$"):
+    with pytest.raises(ConfigError, match=r"^REFERENCE_PDL: expected '0' or '1', got 'TRUE'$"):
         tiny_eager_llm()
 
 
@@ -229,12 +237,12 @@ def test_the_ptx_reading_finds_every_kind_of_global_access(ptx, expected):
 @pytest.mark.parametrize("index", range(10), ids=lambda i: ["rms_norm", "gated", "rotary", "decode", "prefill",
                                                              "write_kv", "varlen", "small_m", "small_m_residual",
                                                              "small_m_fp32"][i])  # fmt: skip
-@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "switched-off"])
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "default"])
 def test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory(monkeypatch, index, pdl):
-    if not pdl:
-        monkeypatch.setenv(dependent_launch.DISABLE_ENV, "1")
+    if pdl:
+        monkeypatch.setenv(dependent_launch.ENV, "1")
     else:
-        monkeypatch.delenv(dependent_launch.DISABLE_ENV, raising=False)
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
     name, kernel, launch = _launches()[index]
     compiled = _compiled_by(monkeypatch, kernel, launch)
     body = _body(compiled)
@@ -257,8 +265,8 @@ def test_steps_give_the_same_bits_with_and_without_pdl(monkeypatch, impl, mode):
     """Each runner is built, warmed up (its graphs captured) and run under one setting, one after the other,
     because eager launches (attention between piecewise graphs) read the switch at each launch."""
     logits = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv(dependent_launch.DISABLE_ENV, setting)
+    for setting in ("0", "1"):
+        monkeypatch.setenv(dependent_launch.ENV, setting)
         runner = make_runner(
             impl, mode, small_llama_config(), device="cuda", dtype=torch.bfloat16, max_num_seqs=4,
             cudagraph_capture_sizes=[1, 2, 4, 8, 16], custom_ops=FUSED,
@@ -267,6 +275,6 @@ def test_steps_give_the_same_bits_with_and_without_pdl(monkeypatch, impl, mode):
         prompts = [[1, 5, 9], [2, 6], [3, 7, 11, 13], [4]]
         logits[setting] = prefill_and_decode({"run": runner}, prompts, 6, leader="run")["run"]
         del runner
-    for step, (without, with_pdl) in enumerate(zip(logits["1"], logits["0"])):
+    for step, (without, with_pdl) in enumerate(zip(logits["0"], logits["1"])):
         assert torch.equal(with_pdl, without), f"{mode}: step {step} differs with PDL on"
 

@@ -64,7 +64,7 @@ def gpu_clocks(device: torch.device) -> dict[str, int] | None:
 def machine_info(device: torch.device) -> dict:
     """``{"cpu", "cpu_count", "threads" (torch intra-op), "load_avg" (1, 5, 15 min), "gpu", "gpu_clocks",
     "dependent_launch"}``: the last, whether the custom ops' kernels launch with PDL on ``device``
-    (:mod:`reference.ops.dependent_launch`), so an A/B of ``REFERENCE_DISABLE_PDL`` is told apart in the results."""
+    (:mod:`reference.ops.dependent_launch`), so an A/B of ``REFERENCE_PDL`` is told apart in the results."""
     return {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -91,7 +91,7 @@ class LLM:
             divide the heads, KV heads, MLP width or vocabulary, differs from torchrun's ``WORLD_SIZE``, or
             exceeds the CUDA devices.
         reference.config.ConfigError: the compilation config is invalid or contradicts ``enforce_eager``, or
-            ``$REFERENCE_DISABLE_PDL`` is neither ``0`` nor ``1``.
+            ``$REFERENCE_PDL`` is neither ``0`` nor ``1``.
     """
 
     def __init__(
@@ -170,7 +170,7 @@ class LLM:
         )
 
         ops = CustomOpSelection(self.config)  # checks the custom-op names before anything is loaded
-        dependent_launch.switched_off()  # and $REFERENCE_DISABLE_PDL
+        dependent_launch.switched_on()  # and $REFERENCE_PDL
         check_memory_before_build(
             model,
             ops,

@@ -149,7 +149,7 @@ class ModelRunner:
             ``max_position_embeddings``, ``max_num_batched_tokens`` exceeds ``max_num_seqs x
             max_model_len``, or the KV cache and input buffers exceed the device's free memory (the
             machine's physical memory on a CPU).
-        ConfigError: ``$REFERENCE_DISABLE_PDL`` neither ``0`` nor ``1`` (:mod:`reference.ops.dependent_launch`),
+        ConfigError: ``$REFERENCE_PDL`` neither ``0`` nor ``1`` (:mod:`reference.ops.dependent_launch`),
             no capture size fits the steps (piecewise and ``'full'``: at most
             ``max_num_batched_tokens``; full decode graphs: at most ``max_num_seqs``), or a compile size no
             step runs at.
@@ -185,7 +185,7 @@ class ModelRunner:
             )
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        dependent_launch.switched_off()  # a bad $REFERENCE_DISABLE_PDL is one line here, not at a launch
+        dependent_launch.switched_on()  # a bad $REFERENCE_PDL is one line here, not at a launch
         self.model = model
         self.vocab_size = model.config.vocab_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len

@@ -22,6 +22,11 @@ make a program read a stale value, and no step writes a weight anyway); ``gdc_la
 wait at once. A kernel that waits transitively waits for every kernel before it: the one before it could not
 pass its own wait earlier. ``conformance/test_dependent_launch.py`` checks the rule on each kernel's PTX.
 
+Off unless ``REFERENCE_PDL=1``: measured, it made the kernels slower, not faster. On an H100 the 8B generate with
+the GEMM fusions (B=8, 32 + 128 tokens, ``no_inductor_full``) took 0.800 s with PDL against 0.765 s without it,
+and 0.790 s with PDL but without the GEMM's L2 prefetch (perf/NOTES.md, v42, where the suspects are listed). The
+switch stays for the next try: the rule and its checks hold either way.
+
 Importing this module needs no Triton: the runner checks the switch on any machine.
 """
 
@@ -34,7 +39,7 @@ import torch
 
 from reference.config import ConfigError
 
-DISABLE_ENV = "REFERENCE_DISABLE_PDL"
+ENV = "REFERENCE_PDL"
 MIN_CAPABILITY = (9, 0)  # griddepcontrol: sm_90 and newer
 INTERPRETER_ON = ("1", "true", "on", "yes")  # what Triton reads as TRITON_INTERPRET set
 
@@ -44,32 +49,32 @@ def _capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 
-def switched_off() -> bool:
-    """Whether ``$REFERENCE_DISABLE_PDL`` is ``1`` (unset or empty: ``0``). The runner and ``LLM`` call it before
-    they build anything, so a bad value is one line there and not at a kernel's launch.
+def switched_on() -> bool:
+    """Whether ``$REFERENCE_PDL`` is ``1`` (unset or empty: ``0``, off). The runner and ``LLM`` call it before they
+    build anything, so a bad value is one line there and not at a kernel's launch.
 
     Raises:
-        ConfigError: ``$REFERENCE_DISABLE_PDL`` is set to something other than ``0`` or ``1``.
+        ConfigError: ``$REFERENCE_PDL`` is set to something other than ``0`` or ``1``.
     """
-    disable = os.environ.get(DISABLE_ENV) or "0"  # set but empty (`VAR=`) reads as unset
-    if disable not in ("0", "1"):
-        raise ConfigError(f"{DISABLE_ENV}: expected '0' or '1', got {disable!r}")
-    return disable == "1"
+    value = os.environ.get(ENV) or "0"  # set but empty (`VAR=`) reads as unset
+    if value not in ("0", "1"):
+        raise ConfigError(f"{ENV}: expected '0' or '1', got {value!r}")
+    return value == "1"
 
 
 def enabled(device: torch.device) -> bool:
     """Whether the custom ops' Triton kernels on ``device`` launch with PDL (module doc): on a CUDA device of
-    compute capability 9.0 or more, not under Triton's interpreter (``TRITON_INTERPRET=1``), unless
-    ``$REFERENCE_DISABLE_PDL`` is ``1``. The environment is read at each call (a launch reads it; the kernels
-    are compiled with the answer, so changing it compiles them again).
+    compute capability 9.0 or more, not under Triton's interpreter (``TRITON_INTERPRET=1``), where
+    ``$REFERENCE_PDL`` is ``1`` (off by default: module doc). The environment is read at each call (a launch
+    reads it; the kernels are compiled with the answer, so changing it compiles them again).
 
     Raises:
-        ConfigError: ``$REFERENCE_DISABLE_PDL`` is set to something other than ``0`` or ``1``.
+        ConfigError: ``$REFERENCE_PDL`` is set to something other than ``0`` or ``1``.
     """
-    disable = switched_off()
+    wanted = switched_on()
     device = torch.device(device)
     interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in INTERPRETER_ON  # no inline PTX there
-    if disable or device.type != "cuda" or interpreted:
+    if not wanted or device.type != "cuda" or interpreted:
         return False
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

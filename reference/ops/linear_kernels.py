@@ -33,10 +33,10 @@ Epilogues (``EPILOGUES``):
   ``act(gate) * up`` with :mod:`reference.ops.activation`'s rounding points (gate and up rounded to the
   activation dtype first, then the activation, then the product).
 
-Launched with programmatic dependent launch (:mod:`reference.ops.dependent_launch`), each program first asks L2
-for the lines of its first weight tile (``prefetch.global.L2``: no data reaches the program, so nothing can be
-read stale) and only then waits for the kernel before it: while that kernel's last programs finish, the
-weight stream of this one is already on its way.
+Launched with programmatic dependent launch (``REFERENCE_PDL=1``, :mod:`reference.ops.dependent_launch`), each
+program first asks L2 for the lines of its first weight tile (``prefetch.global.L2``: no data reaches the program,
+so nothing can be read stale) and only then waits for the kernel before it: while that kernel's last programs
+finish, the weight stream of this one is already on its way.
 
 Importing this module needs Triton; it is imported where Triton is available (``reference.ops.library``).
 """

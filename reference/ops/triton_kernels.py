@@ -11,8 +11,9 @@ sequences) and pointers a kernel reads scalars through (per-sequence metadata) a
 (``do_not_specialize``, ``do_not_specialize_on_alignment``), here and in the modules beside this one, so that
 a cold start compiles each kernel once per model shape (conformance/test_kernel_variants.py; perf/NOTES.md v35).
 
-On Hopper and newer GPUs every kernel here and in the modules beside this one launches with programmatic dependent
-launch and waits for the kernel before it at its top (``_await_inputs``; :mod:`reference.ops.dependent_launch`).
+With ``REFERENCE_PDL=1`` on Hopper and newer GPUs, every kernel here and in the modules beside this one launches with
+programmatic dependent launch and waits for the kernel before it at its top (``_await_inputs``;
+:mod:`reference.ops.dependent_launch`, off by default: it measured slower).
 
 Kernels:
 * ``rms_norm`` / ``fused_add_rms_norm``: one program per token row (H <= 16384).
