@@ -98,9 +98,13 @@ def test_a_cuda_device_launches_with_pdl_where_its_capability_allows(monkeypatch
     assert asked == ([torch.device("cuda", 1)] if reaches_the_card else [])
 
 
-def test_pdl_is_off_unless_asked_for_even_where_the_card_has_it(monkeypatch):
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_pdl_is_off_unless_asked_for_even_where_the_card_has_it(monkeypatch, value):
     """The default, as measured: PDL made the 8B step slower on an H100 (perf/NOTES.md v42)."""
-    monkeypatch.delenv(dependent_launch.ENV, raising=False)
+    if value is None:
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
+    else:
+        monkeypatch.setenv(dependent_launch.ENV, value)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(dependent_launch, "_capable", lambda d: True)
     assert dependent_launch.enabled(torch.device("cuda", 0)) is False
@@ -248,7 +252,7 @@ def test_a_kernel_launched_with_pdl_waits_before_it_touches_global_memory(monkey
     body = _body(compiled)
     wait, handoff = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
     if not pdl:
-        assert compiled.metadata.launch_pdl is False, f"{name}: launched with PDL although it is switched off"
+        assert compiled.metadata.launch_pdl is False, f"{name}: launched with PDL although nobody asked for it"
         assert wait < 0 and handoff < 0, f"{name}: griddepcontrol in a kernel launched without PDL"
         return
     assert compiled.metadata.launch_pdl is True, f"{name}: not launched with PDL on a GPU that has it"
