@@ -46,6 +46,14 @@ def _on_hopper_kernels(test):
     return test
 
 
+def _set_switch(monkeypatch, value: str | None) -> None:
+    """``$REFERENCE_PDL`` set to ``value``, or unset for None."""
+    if value is None:
+        monkeypatch.delenv(dependent_launch.ENV, raising=False)
+    else:
+        monkeypatch.setenv(dependent_launch.ENV, value)
+
+
 @pytest.mark.parametrize("value", ["yes", "2", "true", " 1"])
 def test_a_switch_that_is_neither_0_nor_1_is_one_line_naming_it(monkeypatch, value):
     monkeypatch.setenv(dependent_launch.ENV, value)
@@ -56,19 +64,13 @@ def test_a_switch_that_is_neither_0_nor_1_is_one_line_naming_it(monkeypatch, val
 
 @pytest.mark.parametrize("value", [None, "", "0", "1"])
 def test_a_cpu_never_launches_with_pdl(monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv(dependent_launch.ENV, raising=False)
-    else:
-        monkeypatch.setenv(dependent_launch.ENV, value)
+    _set_switch(monkeypatch, value)
     assert dependent_launch.enabled(torch.device("cpu")) is False
 
 
 @pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
 def test_the_switch_reads_1_as_on_and_0_or_nothing_as_off(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv(dependent_launch.ENV, raising=False)
-    else:
-        monkeypatch.setenv(dependent_launch.ENV, value)
+    _set_switch(monkeypatch, value)
     assert dependent_launch.switched_on() is expected
 
 
@@ -101,10 +103,7 @@ def test_a_cuda_device_launches_with_pdl_where_its_capability_allows(monkeypatch
 @pytest.mark.parametrize("value", [None, "", "0"])
 def test_pdl_is_off_unless_asked_for_even_where_the_card_has_it(monkeypatch, value):
     """The default, as measured: PDL made the 8B step slower on an H100 (perf/NOTES.md v42)."""
-    if value is None:
-        monkeypatch.delenv(dependent_launch.ENV, raising=False)
-    else:
-        monkeypatch.setenv(dependent_launch.ENV, value)
+    _set_switch(monkeypatch, value)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(dependent_launch, "_capable", lambda d: True)
     assert dependent_launch.enabled(torch.device("cuda", 0)) is False
@@ -114,10 +113,7 @@ def test_pdl_is_off_unless_asked_for_even_where_the_card_has_it(monkeypatch, val
 @hopper
 @pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
 def test_a_hopper_gpu_launches_with_pdl_only_when_it_is_switched_on(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv(dependent_launch.ENV, raising=False)
-    else:
-        monkeypatch.setenv(dependent_launch.ENV, value)
+    _set_switch(monkeypatch, value)
     assert dependent_launch.enabled(torch.device("cuda")) is expected
 
 
