@@ -71,10 +71,11 @@ def enabled(device: torch.device) -> bool:
     Raises:
         ConfigError: ``$REFERENCE_PDL`` is set to something other than ``0`` or ``1``.
     """
-    wanted = switched_on()
+    if not switched_on():  # first: every eager launch asks, and the default ends here
+        return False
     device = torch.device(device)
     interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in INTERPRETER_ON  # no inline PTX there
-    if not wanted or device.type != "cuda" or interpreted:
+    if device.type != "cuda" or interpreted:
         return False
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
