@@ -196,14 +196,14 @@ def test_the_chart_has_a_panel_per_measure_with_a_bar_per_model_and_mode_at_its_
 
     rows, figure = drawn
     colours = plt.get_cmap("tab10")
-    measures = list(dict.fromkeys(r.measure for r in rows))
+    measures = list(dict.fromkeys(r.measure_label for r in rows))
     axes = figure.axes
     assert [ax.get_title() for ax in axes] == measures and len(measures) == 2
     all_modes = mode_order(rows)
     for ax, measure in zip(axes, measures):
-        models = list(dict.fromkeys(r.model for r in rows if r.measure == measure))
-        modes = [m for m in all_modes if any(r.mode == m and r.measure == measure for r in rows)]
-        assert [t.get_text() for t in ax.get_xticklabels()] == models
+        models = list(dict.fromkeys(r.model for r in rows if r.measure_label == measure))
+        modes = [m for m in all_modes if any(r.mode == m and r.measure_label == measure for r in rows)]
+        assert [t.get_text() for t in ax.get_xticklabels()] == models  # one GPU: no GPU under the models
         assert (ax.get_ylabel(), ax.get_yscale()) == ("p50 latency (ms)", "log")
         width = 0.8 / len(modes)
         expected = sorted(
@@ -211,12 +211,31 @@ def test_the_chart_has_a_panel_per_measure_with_a_bar_per_model_and_mode_at_its_
             for m, mode in enumerate(modes)
             for i, model in enumerate(models)
             for r in rows
-            if r.key == (model, measure, mode)
+            if (r.model, r.measure_label, r.mode) == (model, measure, mode)
         )  # fmt: skip
         bars = sorted(
             (round(p.get_x() + p.get_width() / 2, 9), round(p.get_height(), 9), p.get_facecolor()) for p in ax.patches
         )
         assert bars == expected and all(abs(p.get_width() - width) < 1e-12 for p in ax.patches)
+
+
+def test_the_chart_names_the_gpu_under_each_model_where_a_panel_has_runs_on_two_cards(monkeypatch, tmp_path):
+    """An H100 run beside the H200's is its own bar group, never a taller bar of the same model."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from reference.benchmark.chart import latency_chart
+
+    figures = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self) or real_savefig(self, *a, **k))
+    h200 = read_rows(GENERATE)
+    h100 = [dataclasses.replace(r, gpu="NVIDIA H100 80GB HBM3", latency_s=2 * r.latency_s) for r in h200]
+    latency_chart(newest(h200 + h100), tmp_path / "chart.png")
+    ((ax,),) = [f.axes for f in figures]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["llama-3.1-8b\nNVIDIA H200", "llama-3.1-8b\nNVIDIA H100 80GB HBM3"]
+    assert len(ax.patches) == len(h200) + len(h100)
 
 
 def test_the_chart_draws_each_models_floor_as_a_line_over_its_bars(drawn):

@@ -104,7 +104,7 @@ def test_step_files_alone_give_each_modes_start_up_from_its_first_test():
     rows = table.splitlines()[2:]
     assert len(rows) == len(first) == 7  # six modes and torch-native
     for mode, startup in first.items():
-        assert f"| llama-3.1-8b | {mode} | {startup:.2f} s |" in table
+        assert f"| llama-3.1-8b | NVIDIA H200 | {mode} | {startup:.2f} s |" in table
 
 
 def test_graph_memory_that_came_out_negative_is_not_shown_as_a_figure():
@@ -119,7 +119,7 @@ def test_graph_memory_that_came_out_negative_is_not_shown_as_a_figure():
 def test_a_generate_row_gives_the_start_up_where_both_kinds_of_file_have_one():
     table = startup_table(read_rows(STEP_LOOP) + read_rows(GENERATE_LOOP))
     generate = {r.mode: r.startup_s for r in read_rows(GENERATE_LOOP)}
-    assert f"| llama-3.1-8b | no_inductor | {generate['no_inductor']:.2f} s |" in table
+    assert f"| llama-3.1-8b | NVIDIA H200 | no_inductor | {generate['no_inductor']:.2f} s |" in table
     assert len(table.splitlines()) == 2 + 7  # one row per mode: six modes and torch-native
 
 
@@ -127,7 +127,7 @@ def test_the_table_has_a_row_per_model_and_measure_and_a_column_per_mode():
     rows = read_rows(GENERATE) + read_rows(STEP_NEW)
     lines = latency_table(rows).splitlines()
     modes = list(dict.fromkeys(r.mode for r in rows))
-    assert lines[0] == "| model | measure | floor | " + " | ".join(modes) + " |"
+    assert lines[0] == "| model | device | measure | floor | " + " | ".join(modes) + " |"
     no_inductor = next(r for r in rows if r.mode == "no_inductor" and r.measure.startswith("decode"))
     step = next(line for line in lines if "decode step" in line)
     assert f"{no_inductor.latency_s * 1e3:.2f} ms ({no_inductor.x_floor:.2f}x)" in step
@@ -179,7 +179,7 @@ def test_the_module_runs_as_a_program_and_writes_its_report(tmp_path):
     cmd = [sys.executable, "-m", "reference.report", str(STEP_NEW), "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "| llama-3.1-8b | decode step B=8 |" in (tmp_path / "report.md").read_text()
+    assert "| llama-3.1-8b | NVIDIA H200 | decode step B=8 |" in (tmp_path / "report.md").read_text()
 
 
 def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):
@@ -188,7 +188,8 @@ def test_the_cli_writes_the_markdown_and_a_png_chart(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out/latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (tmp_path / "out/report.md").read_text()
-    assert "| llama-3.1-8b | generate B=8, 32+128 |" in text and "| llama-3.1-8b | decode step B=8 |" in text
+    h200 = "| llama-3.1-8b | NVIDIA H200 |"
+    assert f"{h200} generate B=8, 32+128 |" in text and f"{h200} decode step B=8 |" in text
 
 
 def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch):
@@ -220,7 +221,7 @@ def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch
         (["pyproject.toml", "--out", "x"], "pyproject.toml: not a readable JSON file"),
         (["fixtures/tiny-llama/config.json", "--out", "x"], "neither bench_latency JSON"),
         (["--compare", str(STEP_OLD), str(STEP_NEW), "--out", "x"], "--compare OLD NEW takes no other results"),
-        (["--compare", str(GENERATE), str(STEP_NEW)], "share no (model, measure, mode) row"),
+        (["--compare", str(GENERATE), str(STEP_NEW)], "share no (model, GPU, measure, overrides, mode) row"),
         ([str(STEP_NEW), "--out", "README.md"], "--out: cannot make the folder README.md"),
         ([str(STEP_NEW), "--out", "/proc/no-such-dir"], "--out: cannot make the folder /proc/no-such-dir"),
         # a folder that exists but takes no files (root may write anywhere else, so /proc it is)
@@ -310,14 +311,14 @@ def test_the_peer_table_gives_each_modes_speed_up_and_marks_ratios_across_runs()
     for measure in {r.measure for r in same_run}:
         peer = by[(measure, "torch-native")].latency_s
         (line,) = [x for x in table.splitlines() if f"| {measure} | torch-native |" in x]
-        cells = [c.strip() for c in line.split("|")[4:-1]]
+        cells = [c.strip() for c in line.split("|")[5:-1]]
         assert cells == [f"{peer / by[(measure, m)].latency_s:.2f}x" for m in MODES]  # no mark: one run
     # hf baselines and three modes from 2026-11-30, all six modes again in a later run: a mode the
     # baselines' own run timed is compared within that run, the others with the later run, marked
     old, later = read_rows(GENERATE), read_rows(GENERATE_LOOP)
     every = old + later
     (line,) = [x for x in speedup_table(newest(every), every).splitlines() if "| hf-compile |" in x]
-    cells = dict(zip(MODES, (c.strip() for c in line.split("|")[4:-1])))
+    cells = dict(zip(MODES, (c.strip() for c in line.split("|")[5:-1])))
     in_old = {r.mode: r for r in old}
     assert {m for m, c in cells.items() if not c.endswith("†")} == set(in_old) & set(MODES)
     for mode in set(in_old) & set(MODES):
@@ -352,8 +353,8 @@ def test_compare_prints_the_table_of_both_runs_newest_rows_and_nothing_else():
 def test_compare_of_unrelated_runs_names_both_files_in_order():
     proc = _report("--compare", str(GENERATE), str(STEP_NEW))
     assert proc.stderr == (
-        f"python -m reference.report: error: --compare: {GENERATE} and {STEP_NEW} share no (model, measure, mode) "
-        "row; compare two runs of the same benchmark (see --help)\n"
+        f"python -m reference.report: error: --compare: {GENERATE} and {STEP_NEW} share no (model, GPU, measure, "
+        "overrides, mode) row; compare two runs of the same benchmark on the same GPU (see --help)\n"
     )
 
 
@@ -455,11 +456,12 @@ def test_the_report_puts_each_modes_cold_and_warm_start_beside_the_latencies_new
     proc = _report(str(STARTUP_NEW), str(STARTUP_OLD), str(STEP_NEW), "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "report.md").read_text()
-    assert "| llama-3.1-8b | decode step B=8 |" in text and "## Cold and warm start" in text
+    assert "| llama-3.1-8b | NVIDIA H200 | decode step B=8 |" in text and "## Cold and warm start" in text
     newest_row = next(r for r in read_startup_rows(STARTUP_NEW) if r.mode == "no_inductor")
-    line = next(l for l in text.splitlines() if l.startswith("| llama-3.1-8b | NVIDIA H200 | no_inductor |"))
+    cold_warm = text.split("## Cold and warm start")[1]  # the step file's start-up table has the mode too
+    line = next(l for l in cold_warm.splitlines() if l.startswith("| llama-3.1-8b | NVIDIA H200 | no_inductor |"))
     assert line.split(" | ")[3:5] == [f"{newest_row.cold_ready_s:.2f}", f"{newest_row.warm_ready_s:.2f}"]
-    assert text.count("| llama-3.1-8b | NVIDIA H200 | no_inductor |") == 1
+    assert cold_warm.count("| llama-3.1-8b | NVIDIA H200 | no_inductor |") == 1
     assert str(STARTUP_NEW.relative_to(ROOT)) in text or str(STARTUP_NEW) in text
 
 

@@ -100,7 +100,7 @@ def test_a_bench_latency_file_gives_each_results_fields_and_the_runs_environment
               "date": "2026-12-01T10:00:00+00:00", "source": str(path)}  # fmt: skip
     assert engine == Row(mode="no_inductor", latency_s=0.5, floor_s=0.25, startup_s=1.75, graph_gib=0.125, **common)
     assert baseline == Row(mode="hf-eager", latency_s=2.0, floor_s=None, startup_s=3.0, graph_gib=None, **common)
-    assert engine.key == ("tiny", "generate B=4, 16+32", "no_inductor")
+    assert engine.key == ("tiny", "H200", "generate B=4, 16+32", "", "no_inductor")
     assert engine.x_floor == 2.0 and baseline.x_floor is None
 
 
@@ -121,6 +121,31 @@ def test_a_tensor_parallel_run_names_its_degree_in_the_measure(tmp_path, tp, suf
     settings = {} if tp is None else {"tensor_parallel_size": tp}
     rows = read_rows(_write(tmp_path, _bench_latency(**settings)))
     assert {r.measure for r in rows} == {"generate B=4, 16+32" + suffix}
+
+
+def test_a_run_with_config_overrides_records_them_in_its_rows_and_keys(tmp_path):
+    """``-O.custom_ops='["none"]'`` times other work than the mode's defaults (the seed's order, NOTES v43): its
+    rows carry the overrides as compact JSON, so that they never replace a default run's rows; a run without
+    them has ''; overrides that are not a dict are refused in one line."""
+    plain = read_rows(_write(tmp_path, _bench_latency(), "plain.json"))
+    doc = _bench_latency(compilation_config_overrides={"use_inductor": True, "custom_ops": ["none"]})
+    changed = read_rows(_write(tmp_path, doc, "changed.json"))
+    assert [r.overrides for r in plain] == ["", ""]
+    assert {r.overrides for r in changed} == {'{"custom_ops":["none"],"use_inductor":true}'}
+    assert changed[0].key == ("tiny", "H200", "generate B=4, 16+32", changed[0].overrides, "no_inductor")
+    assert len(newest(plain + changed)) == 4
+    doc["settings"]["compilation_config_overrides"] = ["custom_ops"]
+    with pytest.raises(ResultsError, match=r"bad\.json: compilation_config_overrides \['custom_ops'\] is not a dict$"):
+        read_rows(_write(tmp_path, doc, "bad.json"))
+
+
+def test_runs_on_two_gpus_are_two_keys_so_a_newer_run_on_another_card_hides_nothing(tmp_path):
+    """An H100 run after an H200 run of the same work is another machine, not a newer measurement of it."""
+    h200 = read_rows(_write(tmp_path, _bench_latency(), "h200.json"))
+    doc = _bench_latency()
+    doc["env"].update(gpu="H100", date="2026-12-07T10:00:00+00:00")
+    h100 = read_rows(_write(tmp_path, doc, "h100.json"))
+    assert newest(h200 + h100) == h200 + h100
 
 
 # ---- reading pytest-benchmark files
@@ -285,32 +310,52 @@ def test_the_newest_row_of_each_key_is_kept_in_first_seen_order_and_the_later_fi
 
 
 def test_the_latency_table_has_the_floor_the_p50_its_multiple_and_a_dash_where_a_mode_was_not_timed():
-    """One line per (model, measure), a column per mode in mode order; the floor column shows the smallest
-    floor of the line; times under a second in ms, longer ones in s."""
+    """One line per (model, GPU, measure, overrides), a column per mode in mode order; the floor column shows the
+    smallest floor of the line; times under a second in ms, longer ones in s; a run without a GPU is cpu."""
     rows = [
         _row("inductor", 0.004, floor_s=0.002),
         _row("eager", 1.5, floor_s=0.003),
         _row("eager", 0.25, measure="prefill B=2"),
     ]
     assert latency_table(rows).splitlines() == [
-        "| model | measure | floor | eager | inductor |",
-        "|---|---|---|---|---|",
-        "| tiny | decode step B=8 | 2.00 ms | 1.500 s (500.00x) | 4.00 ms (2.00x) |",
-        "| tiny | prefill B=2 | - | 250.00 ms | - |",
+        "| model | device | measure | floor | eager | inductor |",
+        "|---|---|---|---|---|---|",
+        "| tiny | cpu | decode step B=8 | 2.00 ms | 1.500 s (500.00x) | 4.00 ms (2.00x) |",
+        "| tiny | cpu | prefill B=2 | - | 250.00 ms | - |",
     ]
 
 
 def test_a_second_exactly_is_shown_in_seconds():
     """Times under a second are shown in ms (2 decimals), a second and over in s (3 decimals)."""
-    assert latency_table([_row("eager", 1.0)]).splitlines()[2] == "| tiny | decode step B=8 | - | 1.000 s |"
-    assert latency_table([_row("eager", 0.999)]).splitlines()[2] == "| tiny | decode step B=8 | - | 999.00 ms |"
+    assert latency_table([_row("eager", 1.0)]).splitlines()[2] == "| tiny | cpu | decode step B=8 | - | 1.000 s |"
+    assert latency_table([_row("eager", 0.999)]).splitlines()[2] == "| tiny | cpu | decode step B=8 | - | 999.00 ms |"
 
 
 @pytest.mark.parametrize("iqr, mark", [(None, ""), (0.05, ""), (0.1, ""), (0.1001, "*"), (0.3, "*")])
 def test_a_spread_is_flagged_only_above_a_tenth_of_the_median(iqr, mark):
     """``*`` marks a cell whose interquartile range is more than 10% of its median: exactly 10% is not."""
     row = _row("eager", 1.0, iqr_s=iqr)
-    assert latency_table([row]).splitlines()[2] == f"| tiny | decode step B=8 | - | 1.000 s{mark} |"
+    assert latency_table([row]).splitlines()[2] == f"| tiny | cpu | decode step B=8 | - | 1.000 s{mark} |"
+
+
+def test_the_tables_give_each_line_its_gpu_and_its_overrides():
+    """The seed's order (NOTES v43): one run with ``-O.custom_ops='["none"]'`` beside a default run on the same
+    card is two lines, the measure naming the overrides; the start-up table names them beside the mode; a
+    comparison of runs on two cards has no line to give."""
+    none = '{"custom_ops":["none"]}'
+    rows = [_row("no_inductor", 0.5, gpu="H100", startup_s=1.0), _row("inductor", 0.75, gpu="H100"),
+            _row("no_inductor", 1.5, gpu="H100", overrides=none, startup_s=2.0),
+            _row("inductor", 1.0, gpu="H100", overrides=none)]  # fmt: skip
+    assert latency_table(rows).splitlines()[2:] == [
+        "| tiny | H100 | decode step B=8 | - | 500.00 ms | 750.00 ms |",
+        f"| tiny | H100 | decode step B=8 -O {none} | - | 1.500 s | 1.000 s |",
+    ]
+    assert startup_table(rows).splitlines()[2:] == [
+        "| tiny | H100 | no_inductor | 1.00 s | - |",
+        f"| tiny | H100 | no_inductor -O {none} | 2.00 s | - |",
+    ]
+    other_card = [_row("no_inductor", 0.25, gpu="H200"), _row("inductor", 0.5, gpu="H200")]
+    assert comparison_table(other_card, rows).splitlines()[2:] == []
 
 
 # ---- the peer (speed-up) table
@@ -329,11 +374,11 @@ def test_the_speedup_table_divides_each_peers_p50_by_each_modes_and_skips_peers_
         _row("hf-eager", 1.0, measure="generate B=1", source="r.json"),  # nothing to compare with
     ]
     assert speedup_table(rows).splitlines() == [
-        "| model | measure | peer | eager | inductor |",
-        "|---|---|---|---|---|",
-        "| tiny | decode step B=8 | hf-eager | 2.00x | 4.00x |",
-        "| tiny | decode step B=8 | hf-compile | 1.50x | 3.00x |",
-        "| tiny | prefill B=2 | torch-native | 2.00x | - |",
+        "| model | device | measure | peer | eager | inductor |",
+        "|---|---|---|---|---|---|",
+        "| tiny | cpu | decode step B=8 | hf-eager | 2.00x | 4.00x |",
+        "| tiny | cpu | decode step B=8 | hf-compile | 1.50x | 3.00x |",
+        "| tiny | cpu | prefill B=2 | torch-native | 2.00x | - |",
     ]
 
 
@@ -345,9 +390,10 @@ def test_a_ratio_across_two_runs_is_marked_and_a_ratio_within_one_run_uses_that_
     new = [_row("eager", 0.25, source="new.json"), _row("inductor", 0.2, source="new.json")]
     every = old + new
     table = speedup_table(newest(every), every)
-    assert table.splitlines()[2] == "| tiny | decode step B=8 | hf-eager | 2.00x | 5.00x† |"
+    assert table.splitlines()[2] == "| tiny | cpu | decode step B=8 | hf-eager | 2.00x | 5.00x† |"
     # without every row, only the newest rows are known: both ratios cross runs
-    assert speedup_table(newest(every)).splitlines()[2] == "| tiny | decode step B=8 | hf-eager | 4.00x† | 5.00x† |"
+    last = "| tiny | cpu | decode step B=8 | hf-eager | 4.00x† | 5.00x† |"
+    assert speedup_table(newest(every)).splitlines()[2] == last
 
 
 def test_no_speedup_table_without_a_peer_or_without_a_mode():
@@ -374,11 +420,11 @@ def test_the_startup_table_takes_a_generate_row_over_a_step_row_and_else_the_fir
         _row("breakable", startup_s=7.25, measure="generate B=8, 32+128"),  # generate after a step: taken
     ]
     assert startup_table(rows).splitlines() == [
-        "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
-        "|---|---|---|---|",
-        "| tiny | eager | 1.00 s | 0.500 GiB |",
-        "| tiny | inductor | 3.00 s | 0.125 GiB |",
-        "| tiny | breakable | 7.25 s | - |",
+        "| model | device | mode | start-up (compile + capture; baselines: first call) | graph memory |",
+        "|---|---|---|---|---|",
+        "| tiny | cpu | eager | 1.00 s | 0.500 GiB |",
+        "| tiny | cpu | inductor | 3.00 s | 0.125 GiB |",
+        "| tiny | cpu | breakable | 7.25 s | - |",
     ]
 
 
@@ -391,7 +437,7 @@ def test_a_start_up_whose_compile_the_compile_cache_served_says_so(tmp_path):
     assert warm.startup_cached and not baseline.startup_cached
     assert not read_rows(_write(tmp_path, _bench_latency()))[0].startup_cached
     assert startup_table([warm]).splitlines()[2] == (
-        "| tiny | no_inductor | 1.75 s (compile read from the compile cache) | 0.125 GiB |"
+        "| tiny | H200 | no_inductor | 1.75 s (compile read from the compile cache) | 0.125 GiB |"
     )
 
 
@@ -400,8 +446,8 @@ def test_graph_memory_of_zero_is_a_figure_and_a_negative_one_is_not():
     rows = [_row("eager", startup_s=1.0, graph_gib=0.0), _row("inductor", startup_s=1.0, graph_gib=-0.5)]
     lines = startup_table(rows).splitlines()[2:]
     assert lines == [
-        "| tiny | eager | 1.00 s | 0.000 GiB |",
-        "| tiny | inductor | 1.00 s | not measured (free memory rose 0.500 GiB during capture) |",
+        "| tiny | cpu | eager | 1.00 s | 0.000 GiB |",
+        "| tiny | cpu | inductor | 1.00 s | not measured (free memory rose 0.500 GiB during capture) |",
     ]
 
 
@@ -413,10 +459,10 @@ def test_the_comparison_gives_old_new_and_the_change_of_the_rows_in_both_in_the_
     old = [_row("eager", 0.5), _row("inductor", 2.0), _row("hf-eager", 1.0)]
     new = [_row("inductor", 1.0), _row("eager", 0.55), _row("no_inductor", 1.0)]
     assert comparison_table(old, new).splitlines() == [
-        "| model | measure | mode | old | new | change |",
-        "|---|---|---|---|---|---|",
-        "| tiny | decode step B=8 | inductor | 2.000 s | 1.000 s | -50.0% |",
-        "| tiny | decode step B=8 | eager | 500.00 ms | 550.00 ms | +10.0% |",
+        "| model | device | measure | mode | old | new | change |",
+        "|---|---|---|---|---|---|---|",
+        "| tiny | cpu | decode step B=8 | inductor | 2.000 s | 1.000 s | -50.0% |",
+        "| tiny | cpu | decode step B=8 | eager | 500.00 ms | 550.00 ms | +10.0% |",
     ]
 
 

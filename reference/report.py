@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             old, new = (newest(read_rows(p)) for p in args.compare)
             if not {r.key for r in old} & {r.key for r in new}:
                 parser.error(
-                    f"--compare: {args.compare[0]} and {args.compare[1]} share no (model, measure, mode) row; "
-                    "compare two runs of the same benchmark"
+                    f"--compare: {args.compare[0]} and {args.compare[1]} share no (model, GPU, measure, overrides, "
+                    "mode) row; compare two runs of the same benchmark on the same GPU"
                 )
             print(comparison_table(old, new))
             return 0

@@ -8,8 +8,9 @@ from reference.benchmark.results import Row, mode_order
 
 
 def latency_chart(rows: list[Row], path: Path) -> Path:
-    """Write a PNG: a panel per measure (generate, decode step, ...), bars per model and mode (p50, in ms),
-    a black line at each model's floor where the rows have one. Needs matplotlib (the ``report`` extra).
+    """Write a PNG: a panel per measure (generate, decode step, ...; with its ``-O`` overrides), bars per model
+    and GPU (the GPU named under the model where a panel has several) and mode (p50, in ms), a black line at
+    each floor where the rows have one. Needs matplotlib (the ``report`` extra).
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it).
@@ -25,17 +26,18 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
         ) from None
     from matplotlib.ticker import FuncFormatter
 
-    measures = list(dict.fromkeys(r.measure for r in rows))
+    measures = list(dict.fromkeys(r.measure_label for r in rows))
     all_modes = mode_order(rows)  # one colour per mode across the panels
     fig, axes = plt.subplots(1, len(measures), figsize=(5.5 * len(measures), 4.2), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, measure in zip(axes[0], measures):
-        models = list(dict.fromkeys(r.model for r in rows if r.measure == measure))
-        modes = [mode for mode in all_modes if any(r.mode == mode and r.measure == measure for r in rows)]
+        shown = [r for r in rows if r.measure_label == measure]
+        groups = list(dict.fromkeys((r.model, r.gpu) for r in shown))  # a bar group per model and GPU
+        modes = [mode for mode in all_modes if any(r.mode == mode for r in shown)]
         width = 0.8 / len(modes)
         for m, mode in enumerate(modes):
-            for i, model in enumerate(models):
-                r = next((r for r in rows if r.key == (model, measure, mode)), None)
+            for i, group in enumerate(groups):
+                r = next((r for r in shown if (r.model, r.gpu, r.mode) == (*group, mode)), None)
                 if r is not None:
                     label = mode if i == 0 else None
                     ax.bar(
@@ -45,8 +47,8 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
                         color=colors(all_modes.index(mode) % colors.N),
                         label=label,
                     )
-        for i, model in enumerate(models):
-            floors = [r.floor_s for r in rows if r.model == model and r.measure == measure and r.floor_s]
+        for i, group in enumerate(groups):
+            floors = [r.floor_s for r in shown if (r.model, r.gpu) == group and r.floor_s]
             if floors:
                 ax.hlines(
                     min(floors) * 1e3,
@@ -56,7 +58,9 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
                     linewidth=2,
                     label="floor" if i == 0 else None,
                 )
-        ax.set_xticks(range(len(models)), models)
+        several_gpus = len({gpu for _, gpu in groups}) > 1
+        ticks = [f"{model}\n{gpu or 'cpu'}" if several_gpus else model for model, gpu in groups]
+        ax.set_xticks(range(len(groups)), ticks)
         ax.set_title(measure)
         ax.set_ylabel("p50 latency (ms)")
         ax.set_yscale("log")

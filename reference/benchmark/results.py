@@ -1,8 +1,9 @@
 """Saved benchmark results as rows: ``bench_latency`` JSON (whole ``generate`` calls) and pytest-benchmark
 JSON from perf/ (one decode step or one prefill), read into one shape for the report.
 
-A :class:`Row` is one (model, measure, mode) latency with its floor, start-up and graph memory. Where
-several files give the same key, the newest run (by its recorded date) is kept.
+A :class:`Row` is one latency of one mode on one GPU, for one measure and one set of config overrides, with its
+floor, start-up and graph memory. Where several files give the same key, the newest run (by its recorded date) is
+kept: a run on another GPU, or with other ``-O`` overrides, times other work and keeps its own rows.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Row:
         gpu, torch, date: where and when it ran (ISO date). source: the file.
         startup_cached: the compile part of ``startup_s`` was read from the project's compile cache (a warm
             start; bench_latency's ``compile_cache_hits``), so it is no compile time.
+        overrides: the run's ``--compilation-config`` overrides as compact JSON with sorted keys
+            (:func:`overrides_text`), '' for none.
     """
 
     model: str
@@ -59,18 +62,43 @@ class Row:
     date: str
     source: str
     startup_cached: bool = False
+    overrides: str = ""
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return self.model, self.measure, self.mode
+    def setting(self) -> tuple[str, str | None, str, str]:
+        """What was timed and where, but for the mode: (model, GPU, measure, overrides)."""
+        return self.model, self.gpu, self.measure, self.overrides
+
+    @property
+    def key(self) -> tuple[str, str | None, str, str, str]:
+        return *self.setting, self.mode
+
+    @property
+    def measure_label(self) -> str:
+        """The measure as the tables show it: with ``-O <overrides>`` where the run had them."""
+        return f"{self.measure} -O {self.overrides}" if self.overrides else self.measure
 
     @property
     def x_floor(self) -> float | None:
         return self.latency_s / self.floor_s if self.floor_s else None
 
 
+def overrides_text(settings: dict, path: str | Path) -> str:
+    """A run's ``compilation_config_overrides`` (its ``-O`` fields) as compact JSON with sorted keys, '' for
+    none: one spelling per set of overrides, so that two runs with the same ones share rows.
+
+    Raises:
+        ResultsError: the field is neither a dict nor null (naming the file).
+    """
+    overrides = settings.get("compilation_config_overrides")
+    if not isinstance(overrides, (dict, type(None))):
+        raise ResultsError(f"{path}: compilation_config_overrides {overrides!r} is not a dict")
+    return "" if overrides is None else json.dumps(overrides, sort_keys=True, separators=(",", ":"))
+
+
 def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
     s, env = doc["settings"], doc["env"]
+    overrides = overrides_text(s, source)
     measure = f"generate B={s['batch_size']}, {s['input_len']}+{s['output_len']}"
     if s.get("tensor_parallel_size", 1) > 1:
         measure += f", TP={s['tensor_parallel_size']}"
@@ -93,6 +121,7 @@ def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
                 env["date"],
                 source,
                 bool(start.get("compile_cache_hits")),  # files before 2026-12-03 lack it: compiled cold
+                overrides,
             )
         )
     return rows
@@ -213,8 +242,8 @@ def check_date(date: object, path: str | Path) -> str:
 
 
 def newest(rows: list[_Dated]) -> list[_Dated]:
-    """One row per ``key`` (a latency :class:`Row`'s: model, measure, mode; a start-up or throughput row's
-    own): the newest by date (the later file on a tie), in first-seen order."""
+    """One row per ``key`` (a latency :class:`Row`'s: model, GPU, measure, overrides, mode; a start-up or
+    throughput row's own): the newest by date (the later file on a tie), in first-seen order."""
     kept: dict[tuple, _Dated] = {}
     for row in rows:
         if row.key not in kept or run_time(row.date) >= run_time(kept[row.key].date):

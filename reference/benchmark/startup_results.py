@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date
+from reference.benchmark.results import ResultsError, check_date, overrides_text
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,7 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
         starts: dict[str, dict[str, dict]] = {}
         for row in doc["rows"]:
             starts.setdefault(row["mode"], {})[row["start"]] = row
-        overrides = doc["settings"].get("compilation_config_overrides")
-        if not isinstance(overrides, (dict, type(None))):
-            raise ResultsError(f"{path}: compilation_config_overrides {overrides!r} is not a dict")
-        overrides_text = "" if overrides is None else json.dumps(overrides, sort_keys=True, separators=(",", ":"))
+        overrides = overrides_text(doc["settings"], path)
         rows = []
         for mode, by_start in starts.items():
             if sorted(by_start) != ["cold", "warm"]:
@@ -82,7 +79,7 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
             hits = by_start["warm"].get("compile_cache_hits")
             env = doc["env"]
             rows.append(
-                StartupRow(doc["model"], mode, overrides_text, cold, warm, None if hits is None else hits > 0,
+                StartupRow(doc["model"], mode, overrides, cold, warm, None if hits is None else hits > 0,
                            env.get("gpu"), env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
             )
     except KeyError as err:

@@ -14,15 +14,22 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
+def _device(row: Row) -> str:
+    return row.gpu or "cpu"
+
+
 def latency_table(rows: list[Row]) -> str:
-    """| model | measure | floor | mode... |: p50 with its multiple of the floor; ``*`` marks a spread (IQR)
+    """| model | device | measure | floor | mode... |: one line per setting (model, GPU, measure, overrides; the
+    measure shown with its ``-O`` overrides), p50 with its multiple of the floor; ``*`` marks a spread (IQR)
     above ``IQR_WARNING`` of the median."""
     modes = mode_order(rows)
-    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    groups: dict[tuple, dict[str, Row]] = {}
     for r in rows:
-        groups.setdefault((r.model, r.measure), {})[r.mode] = r
-    lines = ["| model | measure | floor | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
-    for (model, measure), by_mode in groups.items():
+        groups.setdefault(r.setting, {})[r.mode] = r
+    head = "| model | device | measure | floor | " + " | ".join(modes) + " |"
+    lines = [head, "|---" * (4 + len(modes)) + "|"]
+    for by_mode in groups.values():
+        first = next(iter(by_mode.values()))
         floors = {r.floor_s for r in by_mode.values() if r.floor_s}
         floor = _time(min(floors)) if floors else "-"
         cells = []
@@ -33,13 +40,14 @@ def latency_table(rows: list[Row]) -> str:
                 continue
             noisy = "*" if r.iqr_s is not None and r.iqr_s > IQR_WARNING * r.latency_s else ""
             cells.append(_time(r.latency_s) + (f" ({r.x_floor:.2f}x)" if r.x_floor else "") + noisy)
-        lines.append(f"| {model} | {measure} | {floor} | " + " | ".join(cells) + " |")
+        where = f"| {first.model} | {_device(first)} | {first.measure_label} | {floor} | "
+        lines.append(where + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | None:
-    """| model | measure | peer | mode... |: how many times faster each project mode runs the same work than
-    each peer (``BASELINES``: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50.
+    """| model | device | measure | peer | mode... |: how many times faster each project mode runs the same work
+    (model, GPU, measure, overrides) than each peer (``BASELINES``: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50.
 
     ``rows`` holds one row per key (the newest); ``every_row`` (default ``rows``) all rows read, so that a
     mode is compared with the peer's own run (file) whenever that run timed it too. Otherwise the newest
@@ -53,7 +61,7 @@ def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | 
     for base in (r for r in rows if r.mode in BASELINES):
         cells = []
         for mode in modes:
-            key = (base.model, base.measure, mode)
+            key = (*base.setting, mode)
             same_run = in_run.get((*key, base.source))
             r = same_run or newest_row.get(key)
             if r is None:
@@ -61,28 +69,30 @@ def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | 
             else:
                 cells.append(f"{base.latency_s / r.latency_s:.2f}x" + ("" if same_run else "†"))
         if any(c != "-" for c in cells):
-            lines.append(f"| {base.model} | {base.measure} | {base.mode} | " + " | ".join(cells) + " |")
+            where = f"| {base.model} | {_device(base)} | {base.measure_label} | {base.mode} | "
+            lines.append(where + " | ".join(cells) + " |")
     if not lines:
         return None
-    header = ["| model | measure | peer | " + " | ".join(modes) + " |", "|---" * (3 + len(modes)) + "|"]
+    header = ["| model | device | measure | peer | " + " | ".join(modes) + " |", "|---" * (4 + len(modes)) + "|"]
     return "\n".join(header + lines)
 
 
 def startup_table(rows: list[Row]) -> str:
-    """| model | mode | start-up | graph memory |, one row per model and mode: from a generate measure
+    """| model | device | mode | start-up | graph memory |, one row per model, GPU, mode and overrides (the mode
+    shown with its ``-O`` overrides): from a generate measure
     (bench_latency, where the engine starts) when there is one, else from perf/'s step benchmarks (whose
     first test per mode records the runner's start-up). A start-up whose compile the compile cache served is
     marked so. Graph memory that came out negative (a caching allocator handed memory back during the
     capture) is shown as not measured."""
     lines = [
-        "| model | mode | start-up (compile + capture; baselines: first call) | graph memory |",
-        "|---|---|---|---|",
+        "| model | device | mode | start-up (compile + capture; baselines: first call) | graph memory |",
+        "|---|---|---|---|---|",
     ]
-    chosen: dict[tuple[str, str], Row] = {}
+    chosen: dict[tuple, Row] = {}
     for r in rows:
         if r.startup_s is None:
             continue
-        key = (r.model, r.mode)
+        key = (r.model, r.gpu, r.mode, r.overrides)
         if key not in chosen or (r.measure.startswith("generate") and not chosen[key].measure.startswith("generate")):
             chosen[key] = r
     for r in chosen.values():
@@ -90,20 +100,23 @@ def startup_table(rows: list[Row]) -> str:
         if r.graph_gib is not None and r.graph_gib < 0:  # free memory before minus after: a pool shrank too
             graph = f"not measured (free memory rose {-r.graph_gib:.3f} GiB during capture)"
         cached = " (compile read from the compile cache)" if r.startup_cached else ""
-        lines.append(f"| {r.model} | {r.mode} | {r.startup_s:.2f} s{cached} | {graph} |")
+        mode = f"{r.mode} -O {r.overrides}" if r.overrides else r.mode
+        lines.append(f"| {r.model} | {_device(r)} | {mode} | {r.startup_s:.2f} s{cached} | {graph} |")
     return "\n".join(lines)
 
 
 def comparison_table(old: list[Row], new: list[Row]) -> str:
-    """| model | measure | mode | old | new | change |: rows present in both, change = new / old - 1."""
+    """| model | device | measure | mode | old | new | change |: rows present in both (same key: a run on another
+    GPU or with other overrides has none in common), change = new / old - 1."""
     before = {r.key: r for r in old}
-    lines = ["| model | measure | mode | old | new | change |", "|---|---|---|---|---|---|"]
+    lines = ["| model | device | measure | mode | old | new | change |", "|---|---|---|---|---|---|---|"]
     for r in new:
         if r.key in before:
             o = before[r.key]
             change = 100 * (r.latency_s / o.latency_s - 1)
             lines.append(
-                f"| {r.model} | {r.measure} | {r.mode} | {_time(o.latency_s)} | {_time(r.latency_s)} | {change:+.1f}% |"
+                f"| {r.model} | {_device(r)} | {r.measure_label} | {r.mode} | {_time(o.latency_s)} | "
+                f"{_time(r.latency_s)} | {change:+.1f}% |"
             )
     return "\n".join(lines)
 
