@@ -5,6 +5,7 @@ once at import and a default value never goes through its type; here every bound
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -144,3 +145,31 @@ def test_a_flag_given_twice_is_one_line_not_the_last_one_winning(argv, message, 
     assert exit_info.value.code == 2 and capsys.readouterr().err == f"prog: error: {message} (see --help)\n"
     namespace = argparse.Namespace()
     assert parser.parse_args(["--n", "1"], namespace=namespace) is namespace and namespace.n == 1
+
+
+def _variables_read_by_the_reference() -> set[str]:
+    """``REFERENCE_*`` names the implementation reads: ``os.environ`` lookups and the modules' ``*ENV`` constants."""
+    root = Path(__file__).resolve().parents[1] / "reference"
+    names = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        names |= set(re.findall(r"environ(?:\.get)?[\(\[]\"(REFERENCE_[A-Z_]+)\"", text))
+        names |= set(re.findall(r"^[A-Z_]*ENV = \"(REFERENCE_[A-Z_]+)\"", text, re.MULTILINE))
+    return names
+
+
+def test_every_environment_variable_the_implementation_reads_is_in_the_clis_help():
+    """A bad REFERENCE_PDL is refused with '(see --help)': --help must name it, and every other variable that
+    changes what a run does, with what it takes. The list is written out in cli.py (it imports no torch), so
+    this rule holds it to the names the code reads."""
+    from reference.compilation import cache_key
+    from reference.ops import dependent_launch
+
+    read = _variables_read_by_the_reference()
+    assert {dependent_launch.ENV, cache_key.FOLDER_ENV, cache_key.DISABLE_ENV, "REFERENCE_MODEL_CACHE"} <= read
+    assert set(cli.ENVIRONMENT) == read
+    for prog in ("bench_latency", "bench_startup", "bench_throughput"):
+        module = __import__(f"reference.{prog}", fromlist=["build_parser"])
+        text = re.sub(r"-\s+", "-", " ".join(module.build_parser().format_help().split()))  # argparse wraps at '-'
+        for name in read:
+            assert f"{name}: {cli.ENVIRONMENT[name]}" in text, (prog, name)

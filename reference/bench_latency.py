@@ -33,6 +33,7 @@ from reference.benchmark.cli import (
     check_output_file,
     check_writable_dir,
     device_name,
+    environment_help,
     mode_names,
     model_name,
     names_of,
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-len + --output-len and max_num_batched_tokens = --batch-size x --input-len (the prefill); unless "
         "--compilation-config sets them, capture sizes are 1, 2, 4, the multiples of 8 below --batch-size and "
         "--batch-size itself (decode), then 8, 16, 24, 32, 48, 64, ... below the prefill's tokens and those tokens "
-        "themselves, at most 512.",
+        "themselves, at most 512. " + environment_help(),
     )
     default = " (default: %(default)s)"
     parser.add_argument(

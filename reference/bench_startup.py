@@ -34,6 +34,7 @@ from reference.benchmark.cli import (
     check_output_file,
     check_writable_dir,
     device_name,
+    environment_help,
     mode_names,
     model_name,
     non_empty_path,
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Cold and warm start-up per compilation mode, each start in a fresh process: import, "
         "weights, compile, capture, first step (seconds).",
+        epilog="Each mode's starts keep the compile cache on, in a folder of its own under --cache-dir, whatever "
+        "REFERENCE_COMPILE_CACHE and REFERENCE_DISABLE_COMPILE_CACHE say. " + environment_help(),
     )
     default = " (default: %(default)s)"
     parser.add_argument(

@@ -43,6 +43,7 @@ from reference.benchmark.cli import (
     OneLineParser,
     check_output_file,
     device_name,
+    environment_help,
     mode_names,
     model_name,
     names_of,
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Each request's prompt is random token ids in [3, vocab); it generates exactly its output length "
         "(greedy, ignore_eos). Per (mode, scheduling): the LLM is built (start-up, reported apart), one small "
         "untimed generate warms it up, then one generate of every request is timed. A range N:M draws each "
-        "request's length uniformly from N..M with random.Random(--seed).",
+        "request's length uniformly from N..M with random.Random(--seed). " + environment_help(),
     )
     default = " (default: %(default)s)"
     parser.add_argument(

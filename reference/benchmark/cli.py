@@ -24,6 +24,25 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+# The environment variables the implementation reads (its modules' ``ENV`` constants and ``os.environ``
+# lookups; conformance/test_cli_types.py holds this list to them), as the CLIs' --help gives them. Written out here
+# because --help must not import torch to ask those modules.
+ENVIRONMENT = {
+    "REFERENCE_PDL": "'1' launches every custom-op Triton kernel with programmatic dependent launch on compute "
+    "capability 9.0+ (off by default: slower on an H100, perf/NOTES.md v42); '0' or unset: off",
+    "REFERENCE_COMPILE_CACHE": "the compile cache's folder where CompilationConfig.cache_dir is empty "
+    "(default ~/.cache/piecewise-reference/torch_compile_cache)",
+    "REFERENCE_DISABLE_COMPILE_CACHE": "'1' turns the compile cache off (vLLM's VLLM_DISABLE_COMPILE_CACHE)",
+    "REFERENCE_MODEL_CACHE": "where converted pretrained weights are kept (default ~/.cache/piecewise-reference)",
+    "REFERENCE_COMMIT": "the commit recorded in result files, for a tree copied without its .git",
+}
+
+
+def environment_help() -> str:
+    """The paragraph of --help that lists :data:`ENVIRONMENT`."""
+    return "Environment: " + "; ".join(f"{name}: {text}" for name, text in ENVIRONMENT.items()) + "."
+
+
 def usage_error(prog: str, message: str) -> str:
     """The line of a usage error, ``PROG: error: MESSAGE (see --help)``: what :class:`OneLineParser` prints,
     and what a CLI prints for an error found after parsing that its flags can fix (a compilation config a
