@@ -64,6 +64,10 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     # decode steps of 2 tokens, a prefill of 2 x 3: the token budget is the prefill's, so nothing larger
     assert doc["results"][1]["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 6]
     assert doc["results"][1]["same_tokens_as_first"] == 1.0  # no_inductor runs eager's ops: same tokens
+    # each sequence's tokens as a digest, so that two runs' tokens can be compared (report --compare)
+    digests = [r["token_digests"] for r in doc["results"]]
+    assert digests[0] == digests[1] and len(digests[0]) == 2 and len(set(digests[0])) == 2  # two prompts
+    assert all(isinstance(d, str) and len(d) == 16 and int(d, 16) >= 0 for d in digests[0])
     assert doc["weight_bytes_per_decode_step"] > 0
     env = doc["env"]
     assert {"gpu", "torch", "date", "command"} <= set(env)
@@ -95,6 +99,7 @@ def test_baselines_run_on_the_same_weights_and_get_speedup_columns(tmp_path):
     # transformers' model on our weights generates the same greedy tokens (test_llm checks this token by
     # token against recomputation); on other weights it would agree on none
     assert baseline["same_tokens_as_first"] == 1.0
+    assert baseline["token_digests"] == eager["token_digests"]
 
 
 @pytest.mark.eager

@@ -153,7 +153,7 @@ def test_compare_gives_the_change_per_row_in_percent():
     lines = comparison_table(old, new).splitlines()[2:]
     assert len(lines) == len(new)
     for line, o, n in zip(lines, old, new):
-        assert line.endswith(f"| {100 * (n.latency_s / o.latency_s - 1):+.1f}% |")
+        assert line.endswith(f"| {100 * (n.latency_s / o.latency_s - 1):+.1f}% | - |")  # step files: no tokens
 
 
 def _report(*args: str) -> SimpleNamespace:

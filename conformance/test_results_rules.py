@@ -459,11 +459,31 @@ def test_the_comparison_gives_old_new_and_the_change_of_the_rows_in_both_in_the_
     old = [_row("eager", 0.5), _row("inductor", 2.0), _row("hf-eager", 1.0)]
     new = [_row("inductor", 1.0), _row("eager", 0.55), _row("no_inductor", 1.0)]
     assert comparison_table(old, new).splitlines() == [
-        "| model | device | measure | mode | old | new | change |",
-        "|---|---|---|---|---|---|---|",
-        "| tiny | cpu | decode step B=8 | inductor | 2.000 s | 1.000 s | -50.0% |",
-        "| tiny | cpu | decode step B=8 | eager | 500.00 ms | 550.00 ms | +10.0% |",
+        "| model | device | measure | mode | old | new | change | same tokens |",
+        "|---|---|---|---|---|---|---|---|",
+        "| tiny | cpu | decode step B=8 | inductor | 2.000 s | 1.000 s | -50.0% | - |",
+        "| tiny | cpu | decode step B=8 | eager | 500.00 ms | 550.00 ms | +10.0% | - |",
     ]
+
+
+def test_the_comparison_says_which_share_of_the_sequences_kept_their_tokens(tmp_path):
+    """An A/B across two runs (an environment switch, a code change) needs what the 'same tokens' column gives
+    within one run: the share of sequences whose generated tokens (their digests) are the same in both runs;
+    '-' where either file predates the digests or they cover other prompts."""
+    old = [_row("eager", 1.0, token_digests=("a", "b", "c", "d")), _row("inductor", 1.0, token_digests=("a", "b")),
+           _row("no_inductor", 1.0)]  # fmt: skip
+    new = [_row("eager", 0.5, token_digests=("a", "b", "x", "d")), _row("inductor", 0.5, token_digests=("a",)),
+           _row("no_inductor", 0.5, token_digests=("a",))]  # fmt: skip
+    lines = comparison_table(old, new).splitlines()
+    assert lines[0] == "| model | device | measure | mode | old | new | change | same tokens |"
+    assert [line.rsplit("|", 2)[1].strip() for line in lines[2:]] == ["75%", "-", "-"]
+    doc = _bench_latency()
+    doc["results"][0]["token_digests"] = ["00ff", "abcd"]
+    engine, baseline = read_rows(_write(tmp_path, doc))
+    assert (engine.token_digests, baseline.token_digests) == (("00ff", "abcd"), None)
+    doc["results"][0]["token_digests"] = "00ff"
+    with pytest.raises(ResultsError, match=r"mode 'no_inductor': token_digests '00ff' is not a list of strings$"):
+        read_rows(_write(tmp_path, doc))
 
 
 def test_the_sources_list_each_file_once_with_its_gpu_torch_and_date():

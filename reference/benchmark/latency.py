@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import os
 import shlex
 import sys
@@ -191,9 +192,11 @@ def _time_mode(args, mode: str, llm: LLM, prompts, params, device) -> tuple[dict
         "compilation_config": llm.config.describe(),
         "custom_ops": llm.custom_ops,
     }
+    tokens = [o.outputs[0].token_ids for o in outputs]
+    result["token_digests"] = token_digests(tokens)
     if not quiet:
         print(f"{mode}: p50 {result['latency_s']['p50']:.4f} s", file=sys.stderr)
-    return result, [o.outputs[0].token_ids for o in outputs]
+    return result, tokens
 
 
 def _hf_baseline(args, name: str, hf, input_ids: torch.Tensor, device, reference_tokens) -> dict[str, Any]:
@@ -211,6 +214,7 @@ def _hf_baseline(args, name: str, hf, input_ids: torch.Tensor, device, reference
         "iters": len(times),
         "startup": {"first_call_s": first_call_s},
         "same_tokens_as_first": _agreement(out.tolist(), reference_tokens),
+        "token_digests": token_digests(out.tolist()),
     }
 
 
@@ -232,11 +236,19 @@ def _torch_native(args, device, owner: LLM, prompts, params, reference_tokens) -
         "startup": {"first_call_s": llm.startup.compile_s + llm.startup.capture_s},
         "compilation_config": llm.config.describe(),
         "same_tokens_as_first": _agreement([o.outputs[0].token_ids for o in outputs], reference_tokens),
+        "token_digests": token_digests([o.outputs[0].token_ids for o in outputs]),
     }
     print(f"torch-native: p50 {result['latency_s']['p50']:.4f} s", file=sys.stderr)
     llm = None  # freed before the device's cache is emptied
     release(device)
     return result
+
+
+def token_digests(tokens: list[list[int]]) -> list[str]:
+    """Each sequence's generated token ids as the first 16 hex digits of the SHA-256 of their decimal spelling
+    joined by commas: what ``python -m reference.report --compare`` needs to say whether two runs generated the
+    same tokens, in 16 characters a sequence instead of its ``output_len`` ids."""
+    return [hashlib.sha256(",".join(map(str, seq)).encode()).hexdigest()[:16] for seq in tokens]
 
 
 def _agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:

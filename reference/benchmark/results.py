@@ -47,6 +47,8 @@ class Row:
             start; bench_latency's ``compile_cache_hits``), so it is no compile time.
         overrides: the run's ``--compilation-config`` overrides as compact JSON with sorted keys
             (:func:`overrides_text`), '' for none.
+        token_digests: each sequence's generated tokens as a digest
+            (:func:`~reference.benchmark.latency.token_digests`), or None (files before 2026-12-07, perf/'s steps).
     """
 
     model: str
@@ -63,6 +65,7 @@ class Row:
     source: str
     startup_cached: bool = False
     overrides: str = ""
+    token_digests: tuple[str, ...] | None = None
 
     @property
     def setting(self) -> tuple[str, str | None, str, str]:
@@ -96,6 +99,20 @@ def overrides_text(settings: dict, path: str | Path) -> str:
     return "" if overrides is None else json.dumps(overrides, sort_keys=True, separators=(",", ":"))
 
 
+def _digests(result: dict, source: str) -> tuple[str, ...] | None:
+    """A bench_latency result's ``token_digests`` as a tuple, None where the file has none.
+
+    Raises:
+        ResultsError: the field is not a list of strings (naming the file and the mode).
+    """
+    digests = result.get("token_digests")
+    if digests is None:
+        return None
+    if not (isinstance(digests, list) and all(isinstance(d, str) for d in digests)):
+        raise ResultsError(f"{source}: mode {result['mode']!r}: token_digests {digests!r} is not a list of strings")
+    return tuple(digests)
+
+
 def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
     s, env = doc["settings"], doc["env"]
     overrides = overrides_text(s, source)
@@ -122,6 +139,7 @@ def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
                 source,
                 bool(start.get("compile_cache_hits")),  # files before 2026-12-03 lack it: compiled cold
                 overrides,
+                _digests(r, source),
             )
         )
     return rows

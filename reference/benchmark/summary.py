@@ -105,18 +105,29 @@ def startup_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _same_tokens(old: Row, new: Row) -> str:
+    """The share of sequences whose token digests agree between two runs' rows, '-' where either has none or
+    they cover another number of prompts."""
+    a, b = old.token_digests, new.token_digests
+    if not a or not b or len(a) != len(b):
+        return "-"
+    return f"{sum(x == y for x, y in zip(a, b)) / len(a):.0%}"
+
+
 def comparison_table(old: list[Row], new: list[Row]) -> str:
-    """| model | device | measure | mode | old | new | change |: rows present in both (same key: a run on another
-    GPU or with other overrides has none in common), change = new / old - 1."""
+    """| model | device | measure | mode | old | new | change | same tokens |: rows present in both (same key: a run
+    on another GPU or with other overrides has none in common), change = new / old - 1, and the share of
+    sequences that generated the same tokens in both runs (:func:`_same_tokens`)."""
     before = {r.key: r for r in old}
-    lines = ["| model | device | measure | mode | old | new | change |", "|---|---|---|---|---|---|---|"]
+    head = "| model | device | measure | mode | old | new | change | same tokens |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in new:
         if r.key in before:
             o = before[r.key]
             change = 100 * (r.latency_s / o.latency_s - 1)
             lines.append(
                 f"| {r.model} | {_device(r)} | {r.measure_label} | {r.mode} | {_time(o.latency_s)} | "
-                f"{_time(r.latency_s)} | {change:+.1f}% |"
+                f"{_time(r.latency_s)} | {change:+.1f}% | {_same_tokens(o, r)} |"
             )
     return "\n".join(lines)
 
