@@ -70,7 +70,7 @@ def test_bench_runs_end_to_end_and_writes_the_documented_json_and_markdown(tmp_p
     assert all(isinstance(d, str) and len(d) == 16 and int(d, 16) >= 0 for d in digests[0])
     assert doc["weight_bytes_per_decode_step"] > 0
     env = doc["env"]
-    assert {"gpu", "torch", "date", "command"} <= set(env)
+    assert {"gpu", "torch", "date", "command", "commit"} <= set(env)
     assert env["threads"] == 1  # the CPU default (reference.benchmark.machine.DEFAULT_CPU_THREADS)
     assert env["custom_op_kernels"] == "torch"  # on CPU the custom ops run their torch implementation
     assert env["command"] == "python -m reference.bench_latency " + " ".join(argv)

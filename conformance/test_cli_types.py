@@ -153,8 +153,8 @@ def _variables_read_by_the_reference() -> set[str]:
     names = set()
     for path in root.rglob("*.py"):
         text = path.read_text()
-        names |= set(re.findall(r"environ(?:\.get)?[\(\[]\"(REFERENCE_[A-Z_]+)\"", text))
-        names |= set(re.findall(r"^[A-Z_]*ENV = \"(REFERENCE_[A-Z_]+)\"", text, re.MULTILINE))
+        names |= set(re.findall(r"""(?:environ(?:\.get)?|getenv)[\(\[]["'](REFERENCE_[A-Z_]+)["']""", text))
+        names |= set(re.findall(r"""^[A-Z_]*ENV = ["'](REFERENCE_[A-Z_]+)["']""", text, re.MULTILINE))
     return names
 
 

@@ -238,6 +238,30 @@ def test_the_chart_names_the_gpu_under_each_model_where_a_panel_has_runs_on_two_
     assert len(ax.patches) == len(h200) + len(h100)
 
 
+def test_the_chart_shows_labels_literally_and_names_every_groups_gpu_once_the_rows_span_two(monkeypatch, tmp_path):
+    """A ``$`` in an override or a GPU name is text, not mathtext (it raised a ParseException); a panel of H100 rows
+    beside panels of H200 rows names its GPU though it holds one card; a long title is wrapped."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from reference.benchmark.chart import latency_chart
+
+    figures = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self) or real_savefig(self, *a, **k))
+    h200 = read_rows(GENERATE)
+    odd = '{"cache_dir":"$\\bogus{$","inductor_compile_config":{"max_autotune":true}}'
+    h100 = [dataclasses.replace(r, gpu="$H100$", overrides=odd) for r in h200]
+    latency_chart(newest(h200 + h100), tmp_path / "chart.png")
+    ((plain, overridden),) = [f.axes for f in figures]
+    assert [t.get_text() for t in plain.get_xticklabels()] == ["llama-3.1-8b\nNVIDIA H200"]
+    assert [t.get_text() for t in overridden.get_xticklabels()] == [r"llama-3.1-8b" + "\n" + r"\$H100\$"]
+    title = overridden.get_title()
+    assert "\n" in title and "\\\n" not in title  # no line ends in half an escape
+    unescaped = title.replace(r"\$", "$")
+    assert re.sub(r"\s", "", unescaped) == re.sub(r"\s", "", h100[0].measure_label)  # the wrap drops the spaces it breaks at
+
+
 def test_the_chart_draws_each_models_floor_as_a_line_over_its_bars(drawn):
     rows, figure = drawn
     for ax in figure.axes:

@@ -221,7 +221,7 @@ def test_a_mode_has_one_colour_in_every_panel_of_the_chart(tmp_path, monkeypatch
         (["pyproject.toml", "--out", "x"], "pyproject.toml: not a readable JSON file"),
         (["fixtures/tiny-llama/config.json", "--out", "x"], "neither bench_latency JSON"),
         (["--compare", str(STEP_OLD), str(STEP_NEW), "--out", "x"], "--compare OLD NEW takes no other results"),
-        (["--compare", str(GENERATE), str(STEP_NEW)], "share no (model, GPU, measure, overrides, mode) row"),
+        (["--compare", str(GENERATE), str(STEP_NEW)], "share no (model, GPU, measure, mode) row"),
         ([str(STEP_NEW), "--out", "README.md"], "--out: cannot make the folder README.md"),
         ([str(STEP_NEW), "--out", "/proc/no-such-dir"], "--out: cannot make the folder /proc/no-such-dir"),
         # a folder that exists but takes no files (root may write anywhere else, so /proc it is)
@@ -354,7 +354,7 @@ def test_compare_of_unrelated_runs_names_both_files_in_order():
     proc = _report("--compare", str(GENERATE), str(STEP_NEW))
     assert proc.stderr == (
         f"python -m reference.report: error: --compare: {GENERATE} and {STEP_NEW} share no (model, GPU, measure, "
-        "overrides, mode) row; compare two runs of the same benchmark on the same GPU (see --help)\n"
+        "mode) row; compare two runs of the same benchmark on the same GPU (see --help)\n"
     )
 
 
@@ -388,8 +388,9 @@ def test_the_report_is_its_sections_in_order_written_whole_and_printed(tmp_path,
         f"exceeds {IQR_WARNING:.0%} of the median. Chart: `latency.png`.",
         latency_table(rows),
         *(["## Speed-up over the peers",
-           "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's own "
-           "run where it timed the mode too; `†`: the mode's row comes from another run.",
+           "Peer p50 / mode p50 for the same model, GPU and measure (with its overrides; above 1: the mode is "
+           "faster), from the peer's own run where it timed the mode too; `†`: the mode's row comes from another "
+           "run.",
            peers] if with_peers else []),
         "## Start-up and graph memory",
         startup_table(rows),

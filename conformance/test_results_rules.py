@@ -358,6 +358,40 @@ def test_the_tables_give_each_line_its_gpu_and_its_overrides():
     assert comparison_table(other_card, rows).splitlines()[2:] == []
 
 
+def test_a_cpu_run_is_one_device_however_the_file_spells_it(tmp_path):
+    """bench_latency writes a CPU run's GPU as null, perf/'s steps write "cpu": one key, so a CPU run's start-up
+    table has one line per mode (a review found two), and "" is the same."""
+    spellings = []
+    for gpu in (None, "", "cpu"):
+        doc = _bench_latency()
+        doc["env"]["gpu"] = gpu
+        spellings.append(read_rows(_write(tmp_path, doc))[0])
+    assert {r.gpu for r in spellings} == {None} and len(newest(spellings)) == 1
+
+
+def test_an_empty_set_of_overrides_is_none_and_other_text_stays_one_cell(tmp_path):
+    """``--compilation-config '{}'`` changes nothing: its rows are the default run's. A ``|`` in an override's
+    value stays inside its markdown cell; other characters are kept as they are, not escaped."""
+    empty = _bench_latency(compilation_config_overrides={})
+    assert [r.overrides for r in read_rows(_write(tmp_path, empty))] == ["", ""]
+    odd = _bench_latency(compilation_config_overrides={"cache_dir": "a|b", "clé": "é"})
+    (row, _) = read_rows(_write(tmp_path, odd))
+    assert row.overrides == '{"cache_dir":"a|b","clé":"é"}'
+    line = latency_table([row]).splitlines()[2]
+    assert line == '| tiny | H200 | generate B=4, 16+32 -O {"cache_dir":"a\\|b","clé":"é"} | 250.00 ms | 500.00 ms (2.00x) |'
+    assert startup_table([row]).splitlines()[2].startswith('| tiny | H200 | no_inductor -O {"cache_dir":"a\\|b"')
+
+
+def test_a_comparison_of_two_sets_of_overrides_is_an_ab_of_them():
+    """``--compare`` between a run with ``-O.compile_sizes=[8]`` and one without, on the same card (NOTES v17),
+    compares each mode and names both sets; another card still compares nothing."""
+    old = [_row("inductor", 1.0, gpu="H200")]
+    new = [_row("inductor", 0.5, gpu="H200", overrides='{"compile_sizes":[8]}')]
+    (line,) = comparison_table(old, new).splitlines()[2:]
+    assert line == '| tiny | H200 | decode step B=8 → decode step B=8 -O {"compile_sizes":[8]} | inductor | 1.000 s | 500.00 ms | -50.0% | - |'
+    assert comparison_table(old, [_row("inductor", 0.5, gpu="H100")]).splitlines()[2:] == []
+
+
 # ---- the peer (speed-up) table
 
 

@@ -6,8 +6,9 @@ JSON files, in any mix. DIR gets ``report.md`` (the models x modes latency table
 speed-up over each peer, start-up and graph memory, each mode's cold and warm start, each workload's
 throughput per mode and scheduling, the files it came from) and ``latency.png`` (a chart of the same
 latencies, the floors drawn; none without latency files).
-Where several files time the same model, measure and mode, the newest run is used. ``--compare OLD NEW``
-prints the change per row from the results file OLD to NEW, in percent, instead.
+Where several files time the same model, GPU, measure (with its ``-O`` overrides) and mode, the newest run
+is used. ``--compare OLD NEW`` prints the change per row from the results file OLD to NEW (same model, GPU,
+measure and mode), in percent, and the share of sequences that kept their tokens, instead.
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                 if kind:
                     parser.error(f"--compare takes bench_latency or pytest-benchmark files; {path} is a {kind} file")
             old, new = (newest(read_rows(p)) for p in args.compare)
-            if not {r.key for r in old} & {r.key for r in new}:
+            table = comparison_table(old, new)
+            if len(table.splitlines()) == 2:  # the header alone
                 parser.error(
-                    f"--compare: {args.compare[0]} and {args.compare[1]} share no (model, GPU, measure, overrides, "
-                    "mode) row; compare two runs of the same benchmark on the same GPU"
+                    f"--compare: {args.compare[0]} and {args.compare[1]} share no (model, GPU, measure, mode) row; "
+                    "compare two runs of the same benchmark on the same GPU"
                 )
-            print(comparison_table(old, new))
+            print(table)
             return 0
         every_row, every_start, every_throughput = [], [], []
         for path in args.results:
@@ -108,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         if peers:
             sections += [
                 "## Speed-up over the peers",
-                "Peer p50 / mode p50 for the same model and measure (above 1: the mode is faster), from the peer's "
-                "own run where it timed the mode too; `†`: the mode's row comes from another run.",
+                "Peer p50 / mode p50 for the same model, GPU and measure (with its overrides; above 1: the mode is "
+                "faster), from the peer's own run where it timed the mode too; `†`: the mode's row comes from another "
+                "run.",
                 peers,
             ]
         sections += ["## Start-up and graph memory", startup_table(rows)]

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from reference.benchmark.results import Row, mode_order
 
 
+def _text(label: str, width: int | None = None) -> str:
+    """``label`` as matplotlib shows it literally: a ``$`` would start mathtext (an override's value, a GPU name),
+    wrapped at ``width`` characters where given (a measure with long ``-O`` overrides as a panel's title)."""
+    lines = textwrap.wrap(label, width) if width else [label]
+    return "\n".join(line.replace("$", r"\$") for line in lines)  # escaped after the wrap, which could split "\$"
+
+
 def latency_chart(rows: list[Row], path: Path) -> Path:
-    """Write a PNG: a panel per measure (generate, decode step, ...; with its ``-O`` overrides), bars per model
-    and GPU (the GPU named under the model where a panel has several) and mode (p50, in ms), a black line at
-    each floor where the rows have one. Needs matplotlib (the ``report`` extra).
+    """Write a PNG: a panel per measure (generate, decode step, ...; with its ``-O`` overrides, wrapped), bars per
+    model and GPU (the GPU named under each model wherever the rows span several cards) and mode (p50, in ms), a
+    black line at each floor where the rows have one. Labels are shown literally (a ``$`` is no mathtext). Needs matplotlib (the ``report`` extra).
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it).
@@ -28,6 +36,7 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
 
     measures = list(dict.fromkeys(r.measure_label for r in rows))
     all_modes = mode_order(rows)  # one colour per mode across the panels
+    several_gpus = len({r.gpu for r in rows}) > 1  # then every group names its GPU, in every panel
     fig, axes = plt.subplots(1, len(measures), figsize=(5.5 * len(measures), 4.2), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, measure in zip(axes[0], measures):
@@ -39,7 +48,7 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
             for i, group in enumerate(groups):
                 r = next((r for r in shown if (r.model, r.gpu, r.mode) == (*group, mode)), None)
                 if r is not None:
-                    label = mode if i == 0 else None
+                    label = _text(mode) if i == 0 else None
                     ax.bar(
                         i + (m - (len(modes) - 1) / 2) * width,
                         r.latency_s * 1e3,
@@ -58,10 +67,9 @@ def latency_chart(rows: list[Row], path: Path) -> Path:
                     linewidth=2,
                     label="floor" if i == 0 else None,
                 )
-        several_gpus = len({gpu for _, gpu in groups}) > 1
-        ticks = [f"{model}\n{gpu or 'cpu'}" if several_gpus else model for model, gpu in groups]
-        ax.set_xticks(range(len(groups)), ticks)
-        ax.set_title(measure)
+        ticks = [_text(f"{model}\n{gpu or 'cpu'}" if several_gpus else model) for model, gpu in groups]
+        ax.set_xticks(range(len(groups)), ticks, fontsize="small" if several_gpus else None)
+        ax.set_title(_text(measure, 48))
         ax.set_ylabel("p50 latency (ms)")
         ax.set_yscale("log")
         plain = FuncFormatter(lambda y, _: f"{y:g}")

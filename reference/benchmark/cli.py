@@ -34,7 +34,8 @@ ENVIRONMENT = {
     "(default ~/.cache/piecewise-reference/torch_compile_cache)",
     "REFERENCE_DISABLE_COMPILE_CACHE": "'1' turns the compile cache off (vLLM's VLLM_DISABLE_COMPILE_CACHE)",
     "REFERENCE_MODEL_CACHE": "where converted pretrained weights are kept (default ~/.cache/piecewise-reference)",
-    "REFERENCE_COMMIT": "the commit recorded in result files, for a tree copied without its .git",
+    "REFERENCE_COMMIT": "the commit the result files record (bench_latency's, bench_startup's and "
+    "bench_throughput's env.commit), over what git says: a tree copied without its .git, or with another commit's",
 }
 
 

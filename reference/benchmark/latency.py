@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ import transformers
 from reference.benchmark.baselines import build_hf_model, make_baseline
 from reference.benchmark.choices import HF_BASELINES, TORCH_NATIVE_MODE, mode_kwargs
 from reference.benchmark.floor import floor_bandwidth
-from reference.benchmark.machine import benchmark_threads, machine_info
+from reference.benchmark.machine import benchmark_threads, machine_info, source_commit
 from reference.benchmark.timing import latency_stats, release, time_calls
 from reference.engine.llm import LLM
 from reference.engine.sampling import SamplingParams
@@ -138,6 +139,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "custom_op_kernels": kernel_backend(device),
+            "commit": source_commit(Path(__file__).resolve().parents[2]),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": f"{args.prog} " + shlex.join(args.argv),
         },

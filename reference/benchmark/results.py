@@ -88,7 +88,7 @@ class Row:
 
 def overrides_text(settings: dict, path: str | Path) -> str:
     """A run's ``compilation_config_overrides`` (its ``-O`` fields) as compact JSON with sorted keys, '' for
-    none: one spelling per set of overrides, so that two runs with the same ones share rows.
+    none (null or ``{}``): one spelling per set of overrides, so that two runs with the same ones share rows.
 
     Raises:
         ResultsError: the field is neither a dict nor null (naming the file).
@@ -96,7 +96,13 @@ def overrides_text(settings: dict, path: str | Path) -> str:
     overrides = settings.get("compilation_config_overrides")
     if not isinstance(overrides, (dict, type(None))):
         raise ResultsError(f"{path}: compilation_config_overrides {overrides!r} is not a dict")
-    return "" if overrides is None else json.dumps(overrides, sort_keys=True, separators=(",", ":"))
+    return json.dumps(overrides, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if overrides else ""
+
+
+def gpu_name(value):
+    """A file's GPU field with one spelling for none: bench_latency writes null on a CPU, perf/'s steps "cpu"; both
+    (and "") are None, so that a CPU run's rows share one key."""
+    return None if value in (None, "", "cpu") else value
 
 
 def _digests(result: dict, source: str) -> tuple[str, ...] | None:
@@ -133,7 +139,7 @@ def _bench_latency_rows(doc: dict, source: str) -> list[Row]:
                 startup,
                 start.get("graph_gib"),
                 None,
-                env.get("gpu"),
+                gpu_name(env.get("gpu")),
                 env.get("torch"),
                 env["date"],
                 source,
@@ -173,7 +179,7 @@ def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
                 info["compile_s"] + info["capture_s"] if "compile_s" in info else None,
                 info.get("graph_gib"),
                 b["stats"]["iqr"] / steps,
-                info.get("device"),
+                gpu_name(info.get("device")),
                 doc.get("machine_info", {}).get("torch"),
                 doc["datetime"],
                 source,

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date, overrides_text
+from reference.benchmark.results import ResultsError, check_date, gpu_name, overrides_text
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
             env = doc["env"]
             rows.append(
                 StartupRow(doc["model"], mode, overrides, cold, warm, None if hits is None else hits > 0,
-                           env.get("gpu"), env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
+                           gpu_name(env.get("gpu")), env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
             )
     except KeyError as err:
         raise ResultsError(f"{path}: a start-up file without the field {err}") from None

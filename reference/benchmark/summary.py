@@ -18,6 +18,11 @@ def _device(row: Row) -> str:
     return row.gpu or "cpu"
 
 
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: a ``|`` in it (an override's value) would start another."""
+    return text.replace("|", "\\|")
+
+
 def latency_table(rows: list[Row]) -> str:
     """| model | device | measure | floor | mode... |: one line per setting (model, GPU, measure, overrides; the
     measure shown with its ``-O`` overrides), p50 with its multiple of the floor; ``*`` marks a spread (IQR)
@@ -40,7 +45,7 @@ def latency_table(rows: list[Row]) -> str:
                 continue
             noisy = "*" if r.iqr_s is not None and r.iqr_s > IQR_WARNING * r.latency_s else ""
             cells.append(_time(r.latency_s) + (f" ({r.x_floor:.2f}x)" if r.x_floor else "") + noisy)
-        where = f"| {first.model} | {_device(first)} | {first.measure_label} | {floor} | "
+        where = f"| {first.model} | {_device(first)} | {_cell(first.measure_label)} | {floor} | "
         lines.append(where + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -69,7 +74,7 @@ def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | 
             else:
                 cells.append(f"{base.latency_s / r.latency_s:.2f}x" + ("" if same_run else "†"))
         if any(c != "-" for c in cells):
-            where = f"| {base.model} | {_device(base)} | {base.measure_label} | {base.mode} | "
+            where = f"| {base.model} | {_device(base)} | {_cell(base.measure_label)} | {base.mode} | "
             lines.append(where + " | ".join(cells) + " |")
     if not lines:
         return None
@@ -101,7 +106,7 @@ def startup_table(rows: list[Row]) -> str:
             graph = f"not measured (free memory rose {-r.graph_gib:.3f} GiB during capture)"
         cached = " (compile read from the compile cache)" if r.startup_cached else ""
         mode = f"{r.mode} -O {r.overrides}" if r.overrides else r.mode
-        lines.append(f"| {r.model} | {_device(r)} | {mode} | {r.startup_s:.2f} s{cached} | {graph} |")
+        lines.append(f"| {r.model} | {_device(r)} | {_cell(mode)} | {r.startup_s:.2f} s{cached} | {graph} |")
     return "\n".join(lines)
 
 
@@ -115,18 +120,20 @@ def _same_tokens(old: Row, new: Row) -> str:
 
 
 def comparison_table(old: list[Row], new: list[Row]) -> str:
-    """| model | device | measure | mode | old | new | change | same tokens |: rows present in both (same key: a run
-    on another GPU or with other overrides has none in common), change = new / old - 1, and the share of
-    sequences that generated the same tokens in both runs (:func:`_same_tokens`)."""
-    before = {r.key: r for r in old}
+    """| model | device | measure | mode | old | new | change | same tokens |: rows of the same model, GPU, measure and
+    mode in both (a run on another GPU has none in common: its timings do not compare), change = new / old - 1,
+    and the share of sequences that generated the same tokens in both runs (:func:`_same_tokens`). Two runs with
+    other ``-O`` overrides are an A/B of those overrides: the measure cell names both sets."""
+    before = {(r.model, r.gpu, r.measure, r.mode): r for r in old}
     head = "| model | device | measure | mode | old | new | change | same tokens |"
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in new:
-        if r.key in before:
-            o = before[r.key]
+        o = before.get((r.model, r.gpu, r.measure, r.mode))
+        if o is not None:
             change = 100 * (r.latency_s / o.latency_s - 1)
+            measure = r.measure_label if o.overrides == r.overrides else f"{o.measure_label} → {r.measure_label}"
             lines.append(
-                f"| {r.model} | {_device(r)} | {r.measure_label} | {r.mode} | {_time(o.latency_s)} | "
+                f"| {r.model} | {_device(r)} | {_cell(measure)} | {r.mode} | {_time(o.latency_s)} | "
                 f"{_time(r.latency_s)} | {change:+.1f}% | {_same_tokens(o, r)} |"
             )
     return "\n".join(lines)
