@@ -259,7 +259,8 @@ def test_the_chart_shows_labels_literally_and_names_every_groups_gpu_once_the_ro
     title = overridden.get_title()
     assert "\n" in title and "\\\n" not in title  # no line ends in half an escape
     unescaped = title.replace(r"\$", "$")
-    assert re.sub(r"\s", "", unescaped) == re.sub(r"\s", "", h100[0].measure_label)  # the wrap drops the spaces it breaks at
+    # the wrap drops the spaces it breaks at
+    assert re.sub(r"\s", "", unescaped) == re.sub(r"\s", "", h100[0].measure_label)
 
 
 def test_the_chart_draws_each_models_floor_as_a_line_over_its_bars(drawn):

@@ -18,7 +18,8 @@ def _text(label: str, width: int | None = None) -> str:
 def latency_chart(rows: list[Row], path: Path) -> Path:
     """Write a PNG: a panel per measure (generate, decode step, ...; with its ``-O`` overrides, wrapped), bars per
     model and GPU (the GPU named under each model wherever the rows span several cards) and mode (p50, in ms), a
-    black line at each floor where the rows have one. Labels are shown literally (a ``$`` is no mathtext). Needs matplotlib (the ``report`` extra).
+    black line at each floor where the rows have one. Labels are shown literally (a ``$`` is no mathtext).
+    Needs matplotlib (the ``report`` extra).
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it).

@@ -80,7 +80,8 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
             env = doc["env"]
             rows.append(
                 StartupRow(doc["model"], mode, overrides, cold, warm, None if hits is None else hits > 0,
-                           gpu_name(env.get("gpu")), env["torch"], check_date(env["date"], path), str(path))  # fmt: skip
+                           gpu_name(env.get("gpu")), env["torch"], check_date(env["date"], path),
+                           str(path))  # fmt: skip
             )
     except KeyError as err:
         raise ResultsError(f"{path}: a start-up file without the field {err}") from None

@@ -52,7 +52,8 @@ def latency_table(rows: list[Row]) -> str:
 
 def speedup_table(rows: list[Row], every_row: list[Row] | None = None) -> str | None:
     """| model | device | measure | peer | mode... |: how many times faster each project mode runs the same work
-    (model, GPU, measure, overrides) than each peer (``BASELINES``: ``hf-eager``, ``hf-compile``, ``torch-native``), i.e. peer p50 / mode p50.
+    (model, GPU, measure, overrides) than each peer (``BASELINES``: ``hf-eager``, ``hf-compile``,
+    ``torch-native``), i.e. peer p50 / mode p50.
 
     ``rows`` holds one row per key (the newest); ``every_row`` (default ``rows``) all rows read, so that a
     mode is compared with the peer's own run (file) whenever that run timed it too. Otherwise the newest
