@@ -303,29 +303,16 @@ def test_an_entry_is_written_under_a_temporary_name_and_renamed_into_place(cache
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]
 
 
-CHILD = """
-import sys, torch
-from conformance.driver import prefill_and_decode
-from conformance.helpers import make_runner, small_llama_config
-from conformance.implementation import ReferenceImplementation
-runner = make_runner(ReferenceImplementation(), "no_inductor", small_llama_config(), cache_dir=sys.argv[1],
-                     max_num_seqs=2, max_model_len=16, max_cudagraph_capture_size=16)
-logits = prefill_and_decode({"r": runner}, [[3, 14, 15, 92, 65], [35, 89, 79]], num_decode=3, leader="r")["r"]
-print("LOGITS", torch.stack(logits).sum().item())
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
 def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl, tmp_path):
-    (tmp_path / "cache_child.py").write_text(CHILD)
-    # where CUDA is visible the two are fresh interpreters in tmp_path: they find the conformance package by this
+    # where CUDA is visible the two are fresh interpreters: they find the conformance package by this, as before
     env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
     # two processes started at once (forked, on a CPU: a fresh interpreter's imports were 8 of the 15 s; the rank
-    # variables run_ranks gives them go unread)
-    argv = [sys.executable, "-m", "cache_child", str(cache)]
-    children = forked.run_ranks(argv, 2, env=env, cwd=tmp_path, timeout=300)
+    # variables run_ranks gives them go unread), from the repository's root (conformance/compile_cache_worker.py)
+    argv = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache)]
+    children = forked.run_ranks(argv, 2, env=env, timeout=300)
     assert [child.returncode for child in children] == [0, 0], [child.stderr[-2000:] for child in children]
     sums = {line for child in children for line in child.stdout.splitlines() if line.startswith("LOGITS")}
     assert len(sums) == 1, sums
