@@ -148,6 +148,20 @@ def test_runs_on_two_gpus_are_two_keys_so_a_newer_run_on_another_card_hides_noth
     assert newest(h200 + h100) == h200 + h100
 
 
+@pytest.mark.parametrize("reader", ["latency", "startup", "throughput"])
+def test_a_file_nested_too_deep_for_the_json_reader_is_one_line(tmp_path, reader):
+    """json.loads raises RecursionError (not a ValueError) past about a thousand nested lists: a traceback from
+    the report, where every other broken file is one line naming it."""
+    from reference.benchmark.startup_results import read_startup_rows
+    from reference.benchmark.throughput_results import read_throughput_rows
+
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    read = {"latency": read_rows, "startup": read_startup_rows, "throughput": read_throughput_rows}[reader]
+    with pytest.raises(ResultsError, match=r"deep\.json: not a readable JSON file \(nested too deep\)$"):
+        read(path)
+
+
 # ---- reading pytest-benchmark files
 
 

@@ -188,6 +188,21 @@ def _pytest_benchmark_rows(doc: dict, source: str) -> list[Row]:
     return rows
 
 
+def read_json(path: str | Path):
+    """The JSON document in results file ``path``, for every kind of results file.
+
+    Raises:
+        ResultsError: unreadable, not UTF-8, not JSON, or nested deeper than the JSON reader goes (one line
+            naming the file).
+    """
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: not a readable JSON file (nested too deep)") from None
+
+
 def read_rows(path: str | Path) -> list[Row]:
     """The rows of one results file.
 
@@ -196,10 +211,7 @@ def read_rows(path: str | Path) -> list[Row]:
             another number that is not finite or null, a name or date that is not a string, or a
             ``steps_per_round`` that is not a number >= 1 (one line naming the file).
     """
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
+    doc = read_json(path)
     try:
         if isinstance(doc, dict) and "results" in doc and "settings" in doc:
             rows = _bench_latency_rows(doc, str(path))

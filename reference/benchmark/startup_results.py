@@ -8,12 +8,11 @@ is kept.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date, gpu_name, overrides_text
+from reference.benchmark.results import ResultsError, check_date, gpu_name, overrides_text, read_json
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,7 @@ def read_startup_rows(path: str | Path) -> list[StartupRow] | None:
         ResultsError: unreadable or not JSON, or a start-up file with a mode missing its cold or warm start,
             a ``ready_s`` that is not a finite number >= 0, or a field missing (one line naming the file).
     """
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
+    doc = read_json(path)
     if not (isinstance(doc, dict) and {"model", "settings", "rows"} <= set(doc)):
         return None
     try:

@@ -11,12 +11,11 @@ floor) read that field as not measured, and the policy as ``fcfs``, the only one
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date
+from reference.benchmark.results import ResultsError, check_date, read_json
 
 
 @dataclass(frozen=True)
@@ -112,10 +111,7 @@ def read_throughput_rows(path: str | Path) -> list[ThroughputRow] | None:
             (a name that is not a string, a measured number that is not finite and >= 0, a date that is not
             ISO 8601): one line naming the file and the field.
     """
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ResultsError(f"{path}: not a readable JSON file ({err})") from None
+    doc = read_json(path)
     if not (isinstance(doc, dict) and doc.get("benchmark") == "throughput"):
         return None
     f = _Fields(path)
