@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import reference.ops  # noqa: F401  (registers the reference:: ops)
+from conformance.helpers import DEVICES
 from reference.compilation import backend
 from reference.compilation.split import Piece
 from reference.config import ConfigError
@@ -133,3 +134,49 @@ def test_a_pieces_token_count_arguments_are_its_symbolic_ints():
         values = [torch.empty(2, 4), token_count, 7, token_count]
     piece = Piece("submod_0", 0, False, _graph_module(values))
     assert backend._size_args(piece) == (1, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_static_compiles_inputs_take_the_size_in_every_shape_and_stride_and_keep_dtype_and_device(device):
+    """``compile_sizes``' example inputs (:func:`~reference.compilation.compile_piece.inputs_at`): a [4, T]
+    tensor's row stride is the token count too, and a SymInt input becomes the count itself; the inputs are real
+    tensors on the recorded device."""
+    from reference.compilation.compile_piece import inputs_at
+
+    token_count = ShapeEnv().create_unbacked_symint()
+    with FakeTensorMode(shape_env=token_count.node.shape_env):
+        values = [torch.empty(4, token_count, dtype=torch.float64, device=device), token_count,
+                  torch.empty(3, 2, dtype=torch.int32)]  # fmt: skip
+    wide, size, fixed = inputs_at(_graph_module(values), 6)
+    assert (wide.shape, wide.stride(), wide.dtype, wide.device.type) == ((4, 6), (6, 1), torch.float64, device)
+    assert size == 6 and (fixed.shape, fixed.stride(), fixed.dtype) == ((3, 2), (2, 1), torch.int32)
+
+
+@torch.library.custom_op("test_backend_pieces::unsafe_scale", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _unsafe_scale(x: torch.Tensor) -> torch.Tensor:
+    """An op Inductor's partition cuts at by its tag alone, which returns its result."""
+    return 2 * x
+
+
+@_unsafe_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("target", ["packet", "overload"])
+def test_inductors_partition_refuses_a_cut_at_a_tagged_op_that_returns_tensors_though_unnamed(target):
+    """Inductor's partition cuts at every op tagged cudagraph_unsafe, named in splitting_ops or not: such an
+    op that returns a tensor is refused as a named one is, whether the graph calls it as Dynamo records it
+    (the packet) or as an overload; an untagged unnamed op that returns a tensor is no cut and passes."""
+    op = torch.ops.test_backend_pieces.unsafe_scale
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(op if target == "packet" else op.default, (x,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(ConfigError, match=r"^splitting_ops: 'test_backend_pieces::unsafe_scale' returns tensors"):
+        backend._check_partition_cuts_write_into_buffers(gm, ("reference::attention",))
+    untagged = torch.fx.Graph()
+    y = untagged.placeholder("y")
+    untagged.output(untagged.call_function(aten.add.Tensor, (y, y)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), untagged)
+    backend._check_partition_cuts_write_into_buffers(gm, ("reference::attention",))

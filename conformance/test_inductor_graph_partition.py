@@ -264,3 +264,14 @@ def test_the_step_says_the_token_count_the_model_is_called_with_even_for_the_tra
     runner.step([[6], [7]], [1, 0], [0, 1])
     traced = mode != "eager"  # eager traces nothing and runs a 1-token step at 1 token
     assert seen[0][1] == (2 if traced else 1) and all(descriptor == tokens for descriptor, tokens in seen), seen
+
+
+def test_the_cache_key_pass_says_whether_a_partition_wrapper_is_installed():
+    """Its uuid is what Inductor's caches key on, and what a person reading a cache's key sees: it must say
+    'installed' exactly while ``partition_wrappers`` holds a wrapper (two swapped answers would still key the
+    two compiles apart, and say the opposite of the truth)."""
+    assert PARTITION_WRAPPERS_KEY.uuid() == b"partition wrapper installed: False"
+    with partition_wrappers(lambda fn, index: fn):
+        assert PARTITION_WRAPPERS_KEY.uuid() == b"partition wrapper installed: True"
+    with partition_wrappers(None):
+        assert PARTITION_WRAPPERS_KEY.uuid() == b"partition wrapper installed: False"
