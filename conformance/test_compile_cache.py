@@ -90,6 +90,11 @@ def test_a_warm_start_traces_and_compiles_nothing_and_gives_the_cold_starts_logi
     assert len(entries(cache)) == 1
     captured = [b.num_cudagraph_captured - a.num_cudagraph_captured for a, b in ((before, middle), (middle, after))]
     assert captured[1] == captured[0] and (captured[0] > 0) == (device == "cuda"), captured
+    # a warm start counts the pieces it loaded as the trace counted them: all, and those to capture
+    seen = [(b.num_piecewise_graphs_seen - a.num_piecewise_graphs_seen,
+             b.num_piecewise_capturable_graphs_seen - a.num_piecewise_capturable_graphs_seen)
+            for a, b in ((before, middle), (middle, after))]  # fmt: skip
+    assert seen[1] == seen[0] and seen[0][0] >= seen[0][1] > 0, seen
     autotuned = engine_mode.startswith("inductor") and device == "cuda"
     for step, (c, w) in enumerate(zip(cold, warm)):
         if autotuned:
