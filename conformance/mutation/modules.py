@@ -93,6 +93,11 @@ MODULES: dict[str, Module] = {
             "the_wrapper",
             "conformance/test_inductor_graph_partition.py::test_inductors_cache_keys_a_compile_with_partition_wrappers_"
             "apart_from_one_without",
+            "conformance/test_inductor_graph_partition.py::test_the_cache_key_pass_says_whether_a_partition_wrapper_is_"
+            "installed",
+            # the backend's use of the key (identical pieces share one Inductor compile), by node id as above
+            "conformance/test_piece_key.py::test_with_inductor_each_program_compiles_once_and_each_piece_computes_its_"
+            "own_layer",
         ),
     ),
     "compilation.piece_key": Module(
