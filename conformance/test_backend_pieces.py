@@ -180,3 +180,26 @@ def test_inductors_partition_refuses_a_cut_at_a_tagged_op_that_returns_tensors_t
     untagged.output(untagged.call_function(aten.add.Tensor, (y, y)))
     gm = torch.fx.GraphModule(torch.nn.Module(), untagged)
     backend._check_partition_cuts_write_into_buffers(gm, ("reference::attention",))
+
+
+def test_every_compiled_piece_is_installed_after_a_splitting_op_without_a_direct_call():
+    """A splitting op with no registered direct function stays a piece of its own, called through the dispatcher;
+    the compiled pieces after it (here, after two of them) are installed all the same."""
+    from reference.compilation.backend import PiecewiseBackend
+    from reference.config import CompilationConfig
+
+    def f(x):
+        y = torch.ops.test_backend_pieces.unsafe_scale(x * 2)
+        return torch.ops.test_backend_pieces.unsafe_scale(y + 1) - 3
+
+    traced = []
+    torch.compile(f, backend=lambda gm, inputs: traced.append((gm, inputs)) or gm, fullgraph=True)(torch.randn(4))
+    ((gm, inputs),) = traced
+    config = CompilationConfig(level=3, use_inductor=False, cudagraph_mode="none",
+                               splitting_ops=["test_backend_pieces::unsafe_scale"])  # fmt: skip
+    backend = PiecewiseBackend(config)
+    split = backend(gm, inputs)
+    compiled = [p.name for p in backend.pieces if not p.is_splitting_op]
+    assert len(compiled) == 3 and all(name in split.__dict__ for name in compiled), (compiled, list(split.__dict__))
+    x = torch.randn(4)
+    torch.testing.assert_close(split(*[x if isinstance(i, torch.Tensor) else i for i in inputs]), (f(x),))
