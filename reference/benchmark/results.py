@@ -79,11 +79,17 @@ class Row:
     @property
     def measure_label(self) -> str:
         """The measure as the tables show it: with ``-O <overrides>`` where the run had them."""
-        return f"{self.measure} -O {self.overrides}" if self.overrides else self.measure
+        return with_overrides(self.measure, self.overrides)
 
     @property
     def x_floor(self) -> float | None:
         return self.latency_s / self.floor_s if self.floor_s else None
+
+
+def with_overrides(label: str, overrides: str) -> str:
+    """``label`` (a measure, a mode) as the report names a run with ``-O`` overrides: ``'<label> -O <overrides>'``,
+    or ``label`` alone where there were none."""
+    return f"{label} -O {overrides}" if overrides else label
 
 
 def overrides_text(settings: dict, path: str | Path) -> str:

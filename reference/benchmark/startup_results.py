@@ -12,7 +12,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.benchmark.results import ResultsError, check_date, gpu_name, overrides_text, read_json
+from reference.benchmark.results import (
+    ResultsError,
+    check_date,
+    gpu_name,
+    overrides_text,
+    read_json,
+    with_overrides,
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class StartupRow:
     @property
     def label(self) -> str:
         """The mode as the table shows it: with ``-O <overrides>`` where the run had them."""
-        return f"{self.mode} -O {self.overrides}" if self.overrides else self.mode
+        return with_overrides(self.mode, self.overrides)
 
 
 def read_startup_rows(path: str | Path) -> list[StartupRow] | None:

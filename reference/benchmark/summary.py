@@ -4,7 +4,7 @@ over each peer, start-up and graph memory per mode, and the change per row betwe
 from __future__ import annotations
 
 from reference.benchmark.choices import BASELINES
-from reference.benchmark.results import Row, mode_order
+from reference.benchmark.results import Row, mode_order, with_overrides
 from reference.config import MODES
 
 IQR_WARNING = 0.10  # flag a row whose interquartile range exceeds this fraction of its median
@@ -106,7 +106,7 @@ def startup_table(rows: list[Row]) -> str:
         if r.graph_gib is not None and r.graph_gib < 0:  # free memory before minus after: a pool shrank too
             graph = f"not measured (free memory rose {-r.graph_gib:.3f} GiB during capture)"
         cached = " (compile read from the compile cache)" if r.startup_cached else ""
-        mode = f"{r.mode} -O {r.overrides}" if r.overrides else r.mode
+        mode = with_overrides(r.mode, r.overrides)
         lines.append(f"| {r.model} | {_device(r)} | {_cell(mode)} | {r.startup_s:.2f} s{cached} | {graph} |")
     return "\n".join(lines)
 

@@ -22,10 +22,9 @@ make a program read a stale value, and no step writes a weight anyway); ``gdc_la
 wait at once. A kernel that waits transitively waits for every kernel before it: the one before it could not
 pass its own wait earlier. ``conformance/test_dependent_launch.py`` checks the rule on each kernel's PTX.
 
-Off unless ``REFERENCE_PDL=1``: measured, it made the kernels slower, not faster. On an H100 the 8B generate with
-the GEMM fusions (B=8, 32 + 128 tokens, ``no_inductor_full``) took 0.800 s with PDL against 0.765 s without it,
-and 0.790 s with PDL but without the GEMM's L2 prefetch (perf/NOTES.md, v42, where the suspects are listed). The
-switch stays for the next try: the rule and its checks hold either way.
+Off unless ``REFERENCE_PDL=1``: measured on an H100, it made the 8B generate with the GEMM fusions slower, not
+faster, the GEMM's L2 prefetch a part of it (perf/NOTES.md v42 has the figures and the suspects). The switch stays
+for the next try: the rule and its checks hold either way.
 
 Importing this module needs no Triton: the runner checks the switch on any machine.
 """
