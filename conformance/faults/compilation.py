@@ -8,7 +8,7 @@ from unittest import mock
 import torch
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import backend, breakable, cuda_graph, piece_key, split
+from reference.compilation import backend, breakable, cuda_graph, piece_key, split, stamp
 from reference.compilation import compile_piece as compile_piece_module
 from reference.compilation.compile_piece import SizeDispatch
 from reference.compilation.counters import compilation_counter
@@ -20,6 +20,11 @@ from reference.config.compilation import CompilationConfig
 _real_compile_piece = compile_piece_module.compile_piece
 _real_default_capture_sizes = config_module.default_capture_sizes
 _real_resolve_capture_sizes = CompilationConfig._resolve_capture_sizes
+
+
+def _traced_layer_tensor(self, own, t, i):
+    """``LayerStamp._tensor_name`` naming the traced layer's tensor instead of the stamped layer's."""
+    return f"{self.path}.{t}.{own}"
 
 
 def _inductor_despite_use_inductor_false(module, config):
@@ -201,5 +206,28 @@ FAULTS = [
         "the buffer wrongly",
         plant=patches(mock.patch.object(piece_key, "_input_metadata", _aliasing_unseen)),
         tests="test_piece_key",
+    ),
+    Fault(
+        id="stamped-layer-keeps-the-traced-layer-name",
+        kind="capture",
+        description="a stamped layer's attention call keeps the name of the traced layer it was copied from, so all "
+        "the stamped layers read and write that layer's KV cache",
+        plant=patches(mock.patch.object(stamp.LayerStamp, "_renamed", lambda self, text, t, i: text)),
+        tests="test_the_stamped_graph_is_the_whole_trace and cpu",
+    ),
+    Fault(
+        id="stamped-layer-reads-the-traced-layer-weights",
+        kind="capture",
+        description="a stamped layer takes the weights of the traced layer it was copied from instead of its own",
+        plant=patches(mock.patch.object(stamp.LayerStamp, "_tensor_name", _traced_layer_tensor)),
+        tests="test_the_stamped_graph_is_the_whole_trace and cpu",
+    ),
+    Fault(
+        id="final-norm-reads-the-last-traced-layer",
+        kind="capture",
+        description="the nodes after the layers (the final norm, the output) still read the last traced layer, so "
+        "the stamped layers run but the model's output skips them",
+        plant=patches(mock.patch.object(stamp.LayerStamp, "_point_tail_at", staticmethod(lambda *args: None))),
+        tests="test_the_stamped_graph_is_the_whole_trace and cpu",
     ),
 ]

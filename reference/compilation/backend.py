@@ -27,6 +27,7 @@ from reference.compilation.partition_graph import PartitionGraph, partition_wrap
 from reference.compilation.piece_key import piece_key
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
+from reference.compilation.stamp import LayerStamp, with_inputs
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
@@ -201,16 +202,20 @@ class PiecewiseBackend:
         self.stale_outputs = stale_outputs
         self.pieces: list[Piece] = []
         self.cache_writer: CacheWriter | None = None  # set by CompiledModel before a trace it will cache
+        self.layer_stamp: LayerStamp | None = None  # set by CompiledModel for a trace of a prefix of the layers
         self.before_first_run: Callable[[], None] | None = None
         self._traced = False
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
         if self._traced and self.config.level >= 2:
             raise RuntimeError(
                 "this model was traced a second time, but levels 2 and 3 trace once (the token dimension is "
                 "marked dynamic only on the first call); this happens after torch._dynamo.reset() - build a "
                 "new compiled model (compile_model / ModelRunner) after resetting Dynamo"
             )
+        extra = None
+        if self.layer_stamp is not None:  # before anything counts the graph: a NotStampable leaves a trace to come
+            gm, example_inputs, extra = self.layer_stamp.stamp(gm, example_inputs)
         self._traced = True
         compilation_counter.num_graphs_seen += 1
         cuts = self.config.splitting_ops if self.config.level == 3 else ()
@@ -240,7 +245,7 @@ class PiecewiseBackend:
         compiled = {name: _dispatch(c, static[name], size_args[name]) for name, c in compiled.items()}
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
         self._ready_to_run()
-        return split
+        return split if extra is None else with_inputs(split, extra)  # Dynamo passes the prefix's inputs only
 
     def _compile(self, pieces: list[Piece], size_args: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
         """Each piece that is not a splitting op compiled (piece name -> callable), and its static-shape compiles

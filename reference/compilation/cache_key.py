@@ -42,6 +42,7 @@ GRAPH_FIELDS = (
     "inductor_compile_config",
     "compile_sizes",
     "use_inductor_graph_partition",
+    "stamp_layers",
 )
 _PACKAGE = Path(__file__).resolve().parents[1]  # reference/
 

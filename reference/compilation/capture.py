@@ -38,6 +38,7 @@ from reference.compilation.compile_cache import CacheWriter, bound_call, read_en
 from reference.compilation.counters import compilation_counter
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.compilation.stale_outputs import StaleOutputGuard
+from reference.compilation.stamp import LayerStamp, NotStampable
 from reference.config import CompilationConfig, ConfigError
 
 
@@ -86,6 +87,9 @@ class CompiledModel:
         before_trace: None, or a callable called once (levels 2-3), at the first call, when it is about to
             trace the model: after the compile cache missed, or with no cache. Not called on a hit. The runner
             starts its kernel warm-up there (:mod:`reference.engine.kernel_warm_up`).
+        layer_stamp: levels 2-3 with ``stamp_layers``, for a model that declares repeated layers with enough of
+            them: the :class:`~.stamp.LayerStamp` of its tracing call (Dynamo traces ``layer_stamp.prefix``
+            layers); else None.
     """
 
     def __init__(self, model: nn.Module, config: CompilationConfig, *, check_inputs: bool = True):
@@ -99,6 +103,8 @@ class CompiledModel:
         self._signature = None
         self._called = False
         self.before_trace: Callable[[], None] | None = None
+        self.layer_stamp: LayerStamp | None = None
+        self._stamp_next = False
         if config.breakable:
             if config.splitting_ops:
                 check_splitting_ops_exist(config.splitting_ops)
@@ -124,6 +130,9 @@ class CompiledModel:
                 options={"guard_filter_fn": lambda guards: [False] * len(guards)},
             )
             self._forward = self._call_traced  # the compile cache may swap what it calls at the first call
+            # a model that declares repeated layers has Dynamo trace a prefix of them (.stamp)
+            self.layer_stamp = LayerStamp.for_model(model) if config.stamp_layers else None
+            self._stamp_next = self.layer_stamp is not None
         self.full_graphs: FullCUDAGraphs | None = None
         if config.full_graphs:
             self.full_graphs = FullCUDAGraphs(
@@ -135,12 +144,37 @@ class CompiledModel:
 
     def _call_traced(self, *args):
         """Levels 2-3: Dynamo's compiled forward, or, after a compile-cache hit, the cached split module."""
-        if self._cache_writer is None:
+        if self._stamp_next:
+            self._stamp_next = False
+            output = self._trace_stamped(args)
+        elif self._cache_writer is None:
             return self._compiled(*args)
-        output = self._compiled(*args)  # the tracing call
-        writer, self._cache_writer, self.backend.cache_writer = self._cache_writer, None, None
-        writer.finish(output)
+        else:
+            output = self._compiled(*args)  # the tracing call
+        if self._cache_writer is not None:
+            writer, self._cache_writer, self.backend.cache_writer = self._cache_writer, None, None
+            writer.finish(output)
         return output
+
+    def _trace_stamped(self, args):
+        """The tracing call with Dynamo shown a prefix of the layers, the backend stamping the rest; where the
+        trace cannot be stamped, one warning line and the tracing call again, of the whole stack."""
+        stamp = self.backend.layer_stamp = self.layer_stamp
+        try:
+            with stamp.truncated():
+                return self._compiled(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as err:
+            if not isinstance(err.inner_exception, NotStampable):
+                raise
+            reason = err.inner_exception
+        finally:
+            self.backend.layer_stamp = None
+        warnings.warn(
+            f"stamped layers: {reason}; tracing all {len(stamp.kinds)} layers instead of {stamp.prefix}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return self._compiled(*args)
 
     def _use_compile_cache(self, args) -> bool:
         """At the first call (levels 2-3): serve the model from its compile-cache entry, or have the trace write
@@ -169,7 +203,7 @@ class CompiledModel:
             self._cache_writer = self.backend.cache_writer = CacheWriter(folder, key, factors, self._model, args)
             return False
         compilation_counter.num_cache_hits += 1
-        self._compiled = forward
+        self._compiled, self._stamp_next = forward, False
         return True
 
     @property
@@ -199,6 +233,7 @@ class CompiledModel:
         except BaseException:
             self._signature = None
             self._cache_writer = None
+            self._stamp_next = self.layer_stamp is not None
             if self.backend is not None:
                 self.backend.cache_writer = None
             raise

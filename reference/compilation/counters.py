@@ -38,6 +38,8 @@ class CompilationCounter:
         num_cache_hits: compiled models whose first call was served by the compile cache (no trace, no compile).
         num_cache_misses: first calls that found no usable entry (none, or one refused with a warning).
         num_cache_entries_written: entries written to the compile cache (vLLM: num_cache_entries_updated).
+        num_layers_stamped: decoder layers copied into a traced graph instead of traced by Dynamo
+            (:mod:`reference.compilation.stamp`).
     """
 
     num_graphs_seen: int = 0
@@ -55,6 +57,7 @@ class CompilationCounter:
     num_cache_hits: int = 0
     num_cache_misses: int = 0
     num_cache_entries_written: int = 0
+    num_layers_stamped: int = 0
 
     def snapshot(self) -> "CompilationCounter":
         return dataclasses.replace(self)

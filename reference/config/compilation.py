@@ -139,6 +139,12 @@ class CompilationConfig:
       ``graph_partition``, ``custom_should_partition_ops`` and ``post_grad_custom_pre_pass`` (a pass that puts
       into Inductor's cache keys whether partitions are wrapped: pytorch#165471), which
       ``inductor_compile_config`` may then not set.
+    * ``stamp_layers`` [True]: at levels 2-3, for a model that declares its repeated decoder layers
+      (``repeated_layers()``), Dynamo traces a prefix of them (4 of Llama's 32) and the graph is completed with
+      copies of the last traced layers, checked against the trace, before it is split
+      (:mod:`reference.compilation.stamp`); False traces every layer. The graph is the same either way: the
+      switch exists to measure the trace it saves and to rule stamping out. The project's own; vLLM traces
+      every layer.
     * ``debug_cudagraph_addresses`` [False]: on every replay check that each input tensor lives at the
       address it had at capture; raises naming the piece and size. Costs a check per piece per replay.
     * ``debug_cudagraph_outputs`` [False]: a graph output (valid until the model's next call, which
@@ -165,6 +171,7 @@ class CompilationConfig:
     inductor_compile_config: Mapping[str, Any] = field(default_factory=dict)
     compile_sizes: tuple[int | str, ...] | None = None  # resolved to a tuple of ints
     use_inductor_graph_partition: bool = False
+    stamp_layers: bool = True
     debug_cudagraph_addresses: bool = False
     debug_cudagraph_outputs: bool = False
     cache_dir: str = ""
@@ -179,6 +186,7 @@ class CompilationConfig:
         check_choice("level", self.level, tuple(LEVELS))
         check_type("use_inductor", self.use_inductor, bool)
         check_type("use_inductor_graph_partition", self.use_inductor_graph_partition, bool)
+        check_type("stamp_layers", self.stamp_layers, bool)
         check_type("debug_cudagraph_addresses", self.debug_cudagraph_addresses, bool)
         check_type("debug_cudagraph_outputs", self.debug_cudagraph_outputs, bool)
         if isinstance(self.cache_dir, os.PathLike):

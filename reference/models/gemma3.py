@@ -131,6 +131,7 @@ class Gemma3Model(nn.Module):
             for i, layer_type in enumerate(config.layer_types)
         )
         self.norm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps, GEMMA_NORM_OFFSET)
+        self.layer_kinds = tuple(config.layer_types)  # a local and a global layer run different code
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, H]

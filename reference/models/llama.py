@@ -158,6 +158,7 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(ops, config.hidden_size, config.rms_norm_eps)
+        self.layer_kinds = ("full_attention",) * config.num_hidden_layers  # one kind: every layer attends fully
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
@@ -200,6 +201,12 @@ class LlamaForCausalLM(nn.Module):
             ValueError: naming the field (:func:`~reference.models.rope.rope_frequencies`).
         """
         rope_frequencies(config, head_dim(config))
+
+    def repeated_layers(self) -> tuple[str, tuple[str, ...]]:
+        """The decoder stack's module path and each layer's kind, for stamped layers
+        (:mod:`reference.compilation.stamp`): layers of one kind run the same code on weights of the same
+        shapes. Llama's and Qwen3's layers are all of one kind; Gemma 3's are its ``config.layer_types``."""
+        return "model.layers", self.model.layer_kinds
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

@@ -1,0 +1,227 @@
+"""Stamped layers (``CompilationConfig.stamp_layers``, :mod:`reference.compilation.stamp`): Dynamo traces a prefix
+of the decoder layers and the rest are copied into the graph.
+
+The rule: for every architecture the graph the backend splits is, node for node, the graph of a trace of every
+layer (each input named by the model tensor or argument it binds, each node by its position), and the two give
+bitwise the same logits. A model whose prefix fails stamping's checks is traced whole after one warning line;
+a model that declares two different layers as one kind outside the prefix gets a wrong graph, which the rule's
+comparison tells apart (so the rule can fail).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from conformance.driver import prefill_and_decode
+from conformance.helpers import DEVICES, perturb_norms, runner_for
+from reference.compilation import cache_key, compile_model, expect_counters, stamp
+from reference.compilation.backend import PiecewiseBackend
+from reference.config import CompilationConfig, mode_config
+from reference.models.gemma3 import Gemma3ForCausalLM
+from reference.models.llama import LlamaForCausalLM
+from reference.models.presets import GEMMA_3_TINY, LLAMA_TINY, QWEN3_TINY
+from reference.models.qwen3 import Qwen3ForCausalLM
+from reference.models.weights import init_random_weights
+from reference.ops import CustomOpSelection
+
+pytestmark = pytest.mark.requires("components")
+
+PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79]]
+# Gemma 3's local and global layers with a period of 3 (the 4B's is 6): 12 layers trace 9, the shortest prefix
+# that holds every transition twice and ends on the last layer's kind.
+GEMMA_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 4
+ARCHITECTURES = {
+    "llama": (LlamaForCausalLM, LlamaConfig, {**LLAMA_TINY, "num_hidden_layers": 7}, 4),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, {**QWEN3_TINY, "num_hidden_layers": 6, "max_window_layers": 6}, 4),
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig,
+               {**GEMMA_3_TINY, "num_hidden_layers": 12, "layer_types": GEMMA_TYPES}, 9),
+}  # fmt: skip
+
+
+def build(arch: str, config: CompilationConfig, device: str = "cpu") -> nn.Module:
+    cls, config_cls, fields, _ = ARCHITECTURES[arch]
+    model = cls(config_cls(**fields), CustomOpSelection(config))
+    init_random_weights(model, 0)
+    perturb_norms(model, 1)
+    return model.to(device).eval()
+
+
+def canonical(gm: torch.fx.GraphModule, inputs: list, model: nn.Module) -> list:
+    """The graph with its names left out: each placeholder named by the model tensor it binds (all its names)
+    or by its place among the other inputs, each other node by its place; node names differ between the two
+    traces, and the stamped graph takes the stamped layers' tensors after Dynamo's inputs."""
+    names: dict[int, tuple[str, ...]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names[id(t)] = tuple(sorted({*names.get(id(t), ()), name}))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    others = iter(range(len(placeholders)))
+    label = {p: ("tensor", names[id(v)]) if id(v) in names else ("input", next(others))
+             for p, v in zip(placeholders, inputs)}  # fmt: skip
+    nodes = [n for n in gm.graph.nodes if n.op != "placeholder"]
+    label.update({n: ("node", i) for i, n in enumerate(nodes)})
+    name = lambda a: label[a] if isinstance(a, torch.fx.Node) else a  # noqa: E731
+    return [(n.op, n.target, torch.fx.node.map_aggregate(n.args, name),
+             torch.fx.node.map_aggregate(n.kwargs, name)) for n in nodes]  # fmt: skip
+
+
+@pytest.fixture
+def traces(monkeypatch) -> list:
+    """``(graph module, inputs)`` of each graph the backend splits, stamped or traced whole, in order."""
+    seen = []
+    real_call, real_stamp = PiecewiseBackend.__call__, stamp.LayerStamp.stamp
+
+    def call(self, gm, example_inputs):
+        seen.append((gm, example_inputs))
+        return real_call(self, gm, example_inputs)
+
+    def stamped(self, gm, example_inputs):
+        result = real_stamp(self, gm, example_inputs)
+        seen[-1] = result[:2]
+        return result
+
+    monkeypatch.setattr(PiecewiseBackend, "__call__", call)
+    monkeypatch.setattr(stamp.LayerStamp, "stamp", stamped)
+    return seen
+
+
+def run(impl, arch: str, mode: str, device: str, **overrides) -> tuple[nn.Module, list[torch.Tensor]]:
+    config = mode_config(mode, max_cudagraph_capture_size=16, **overrides)
+    model = build(arch, config, device)
+    runner = runner_for(impl, model, config, max_num_seqs=2, max_model_len=16)
+    runner.warm_up()
+    return model, prefill_and_decode({"run": runner}, PROMPTS, num_decode=3, leader="run")["run"]
+
+
+# ---------------------------------------------------------------------- the prefix
+@pytest.mark.parametrize(
+    "kinds, prefix",
+    [
+        (("full_attention",) * 32, 4),  # Llama 3.1 8B
+        (("a",) * 5, 4),
+        (("a",) * 4, None),  # nothing left to stamp
+        ((("s",) * 5 + ("g",)) * 5 + ("s",) * 4, 13),  # Gemma 3 4B: 34 layers, a global one in every 6
+        (tuple(GEMMA_TYPES), 9),
+        (("a",) * 10 + ("b",), None),  # (a, b) occurs once, at the end
+        (("a", "b") * 2 + ("a",) * 6, 7),  # (a, a) twice at 5 and 6; the prefix ends on the last kind, a
+    ],
+)
+def test_the_prefix_holds_every_transition_twice_and_ends_on_the_last_kind(kinds, prefix):
+    assert stamp.prefix_length(kinds) == prefix
+
+
+# ---------------------------------------------------------------------- the rule
+@pytest.mark.no_inductor
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_the_stamped_graph_is_the_whole_trace_and_gives_its_logits_bitwise(arch, device, traces, impl):
+    layers, prefix = ARCHITECTURES[arch][2]["num_hidden_layers"], ARCHITECTURES[arch][3]
+    with expect_counters(num_layers_stamped=layers - prefix, num_graphs_seen=1):
+        stamped_model, stamped = run(impl, arch, "no_inductor", device)
+    with expect_counters(num_layers_stamped=0, num_graphs_seen=1):
+        whole_model, whole = run(impl, arch, "no_inductor", device, stamp_layers=False)
+    (stamped_gm, stamped_inputs), (whole_gm, whole_inputs) = traces
+    assert canonical(stamped_gm, stamped_inputs, stamped_model) == canonical(whole_gm, whole_inputs, whole_model)
+    for a, b in zip(stamped, whole):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_the_stamped_graph_to_the_whole_traces_logits(traces, impl):
+    """Inductor compiles the same pieces either way, so its CPU kernels give the same bits."""
+    stamped_model, stamped = run(impl, "llama", "inductor", "cpu")
+    whole_model, whole = run(impl, "llama", "inductor", "cpu", stamp_layers=False)
+    (stamped_gm, stamped_inputs), (whole_gm, whole_inputs) = traces
+    assert canonical(stamped_gm, stamped_inputs, stamped_model) == canonical(whole_gm, whole_inputs, whole_model)
+    for a, b in zip(stamped, whole):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------- what stamping refuses
+class Layer(nn.Module):
+    def __init__(self, doubles: bool):
+        super().__init__()
+        self.linear, self.doubles = nn.Linear(8, 8), doubles
+
+    def forward(self, x):
+        y = torch.relu(self.linear(x))
+        return y * 2 if self.doubles else y
+
+
+class Stack(nn.Module):
+    """Six layers declared of one kind; the layer at ``odd`` doubles its output, which the others do not."""
+
+    def __init__(self, odd: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Layer(i == odd) for i in range(6))
+
+    def repeated_layers(self):
+        return "layers", ("same",) * len(self.layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize(
+    "odd, why",
+    [
+        (3, "layer 3 runs other ops than an earlier layer of kind 'same'"),  # in the prefix: the trace shows it
+        (5, "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),  # after it
+    ],
+)
+def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(odd, why):
+    model = Stack(odd).eval()
+    x = torch.randn(5, 8)
+    expected = model(x)
+    compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
+    assert compiled.layer_stamp.prefix == 4
+    with expect_counters(num_layers_stamped=0, num_graphs_seen=1), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        output = compiled(x)
+    messages = [str(w.message) for w in caught if "stamped layers" in str(w.message)]
+    assert messages == [f"stamped layers: {why}; tracing all 6 layers instead of 4"]
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
+
+
+def test_a_stack_of_equal_layers_is_stamped_and_computes_the_model():
+    model = Stack(odd=-1).eval()
+    x = torch.randn(5, 8)
+    compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
+    with expect_counters(num_layers_stamped=2, num_graphs_seen=1):
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x[:2]), model(x[:2]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("level", [pytest.param(0, marks=pytest.mark.eager), 1])
+def test_levels_that_do_not_trace_once_stamp_nothing(level):
+    assert compile_model(Stack(odd=-1), CompilationConfig(level=level, use_inductor=False)).layer_stamp is None
+
+
+def test_a_declaration_that_does_not_fit_the_stack_is_refused():
+    model = Stack(odd=-1)
+    model.repeated_layers = lambda: ("layers", ("same",) * 5)
+    expected = r"repeated_layers: Stack names 'layers' with 5 kinds, but that is ModuleList of 6"
+    with pytest.raises(ValueError, match=expected):
+        compile_model(model, CompilationConfig(level=2, use_inductor=False))
+
+
+@pytest.mark.no_inductor
+@pytest.mark.requires("compile_cache")
+def test_a_stamped_cold_start_is_cached_and_its_warm_start_gives_its_logits(monkeypatch, tmp_path, impl):
+    """The entry binds the stamped layers' inputs by name like any other: a warm start needs no stamping."""
+    monkeypatch.setenv(cache_key.DISABLE_ENV, "0")
+    overrides = {"cache_dir": str(tmp_path)}
+    with expect_counters(num_cache_misses=1, num_cache_entries_written=1, num_layers_stamped=3):
+        _, cold = run(impl, "llama", "no_inductor", "cpu", **overrides)
+    with expect_counters(num_cache_hits=1, num_graphs_seen=0, num_layers_stamped=0):
+        _, warm = run(impl, "llama", "no_inductor", "cpu", **overrides)
+    for a, b in zip(cold, warm):
+        assert torch.equal(a, b)

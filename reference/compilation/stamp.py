@@ -1,0 +1,389 @@
+"""Stamped layers: Dynamo traces a prefix of a model's decoder layers, and copies of its last layers complete the graph.
+
+Dynamo's symbolic execution of the forward is most of a ``no_inductor`` cold start (perf/NOTES.md, v35): its
+cost grows with the layers it traces, and 32 layers of one class trace to 32 copies of one graph that differ
+only in their weights and in the attention layer each copy names. torch's own answer, regional compilation and
+``nested_compile_region``, compiles the repeated block as a region of its own; the project needs one flat FX
+graph to split at the attention ops, so instead the first call traces a *prefix* of the layers and the rest
+are stamped from it here, node for node, before the backend splits the graph.
+
+A model declares its repeated layers with ``repeated_layers() -> (path, kinds)``: the module path of its
+``nn.ModuleList`` (``'model.layers'``) and one hashable kind per layer, such that two layers of one kind run
+the same code on weights of the same shapes (Gemma 3: ``'sliding_attention'`` and ``'full_attention'``). The
+first layer (its residual is None) and every layer whose kind follows another kind differ in what they read
+from the layer before, so what is stamped is a *transition*, (kind before, kind): the prefix is the shortest
+one in which every transition of the layers after it occurs at least twice at index 2 or later (the copy is
+made of the last occurrence, and the others must trace to the same graph), and whose last layer has the
+stack's last kind (the final norm reads it). Llama's 32 layers trace 4; Gemma 3 4B's 34 layers of period 6
+trace 13.
+
+Before anything is copied, the trace is checked: every occurrence of a transition traced to one canonical
+graph (each argument named by what it is: a node of its own layer or of the layer before by position, a
+weight of its own layer by its name in the layer, a node outside the layers, a string naming its own layer),
+the layers of a kind to one sequence of ops, and no node outside the layers reads one inside them except
+after the last. A model whose trace fails a check is traced whole, after one warning line. A conformance rule
+(``conformance/test_stamp.py``) holds every architecture's stamped graph to its whole trace, node for node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator
+
+import torch
+from torch import nn
+from torch.fx.node import map_aggregate
+
+from reference.compilation.counters import compilation_counter
+
+Node = torch.fx.Node
+
+
+class NotStampable(Exception):
+    """The traced prefix cannot be stamped into the whole stack; the message says why, in one line."""
+
+
+def prefix_length(kinds: tuple[Hashable, ...]) -> int | None:
+    """The layers Dynamo traces for a stack of ``kinds`` (module doc), or None when no prefix shorter than the
+    stack has what stamping needs (then the stack is traced whole).
+
+    >>> prefix_length(("full_attention",) * 32)
+    4
+    """
+    n = len(kinds)
+    for prefix in range(4, n):
+        seen = Counter((kinds[i - 1], kinds[i]) for i in range(2, prefix))
+        needed = {(kinds[i - 1], kinds[i]) for i in range(prefix, n)}
+        if all(seen[t] >= 2 for t in needed) and kinds[prefix - 1] == kinds[n - 1]:
+            return prefix
+    return None
+
+
+def _module_path(dynamo_path: str) -> str:
+    """A module's path as ``named_modules`` spells it, from an ``nn_module_stack`` entry of Dynamo's graph:
+    ``L['self'].model.layers.0`` (torch 2.13), ``L['self']._modules['model']`` or ``...layers[0]`` spellings."""
+    path = re.sub(r"^L\['self'\]", "", dynamo_path)
+    path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    return path.lstrip(".")
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _settings(module: nn.Module, layer_name: Callable[[str], str]) -> tuple:
+    """A module's own plain attributes (numbers, strings, None, tuples of them; not torch's ``training``), each
+    string's layer index made relative by ``layer_name``."""
+    items = []
+    for name, value in sorted(vars(module).items()):
+        if name.startswith("_") or name == "training":
+            continue
+        if isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value) or isinstance(value, _PLAIN):
+            items.append((name, layer_name(value) if isinstance(value, str) else value))
+    return tuple(items)
+
+
+class LayerStamp:
+    """The stamping of one compiled model's repeated layers (module doc).
+
+    Args:
+        model: the model being compiled; ``model.repeated_layers()`` gives ``(path, kinds)``.
+        path: the module path of its ``nn.ModuleList`` of decoder layers.
+        kinds: one hashable kind per layer.
+        prefix: the layers traced (:func:`prefix_length`).
+    """
+
+    def __init__(self, model: nn.Module, path: str, kinds: tuple[Hashable, ...], prefix: int):
+        self.path, self.kinds, self.prefix = path, kinds, prefix
+        self._parent_path, _, self._attribute = path.rpartition(".")
+        self._parent = model.get_submodule(self._parent_path)
+        self._layers: nn.ModuleList = model.get_submodule(path)
+        self._model = model
+        self._tensors: dict[str, torch.Tensor] = {}  # the model's tensors by name, and their names, when it stamps
+        self._names: dict[int, list[str]] = {}
+        self._layer_name = re.compile(rf"(?<![\w.]){re.escape(path)}\.(\d+)(?=\.|$)")
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> "LayerStamp | None":
+        """The model's stamping, or None where it declares no repeated layers, or too few to stamp any.
+
+        Raises:
+            ValueError: a declaration whose kinds do not give one per layer of the module list it names.
+        """
+        declare = getattr(model, "repeated_layers", None)
+        if declare is None:
+            return None
+        path, kinds = declare()
+        layers = model.get_submodule(path)
+        if not isinstance(layers, nn.ModuleList) or len(kinds) != len(layers):
+            raise ValueError(
+                f"repeated_layers: {type(model).__name__} names {path!r} with {len(kinds)} kinds, but that is "
+                f"{type(layers).__name__} of {len(layers) if isinstance(layers, nn.ModuleList) else 'no'} layers"
+            )
+        prefix = prefix_length(tuple(kinds))
+        return None if prefix is None else cls(model, path, tuple(kinds), prefix)
+
+    @contextmanager
+    def truncated(self) -> Iterator[None]:
+        """The model with only its first ``prefix`` layers in the stack, for Dynamo's trace; whole again after
+        (or earlier, by :meth:`restore`)."""
+        setattr(self._parent, self._attribute, nn.ModuleList(self._layers[: self.prefix]))
+        try:
+            yield
+        finally:
+            self.restore()
+
+    def restore(self) -> None:
+        """Put the whole stack back (idempotent)."""
+        setattr(self._parent, self._attribute, self._layers)
+
+    # ------------------------------------------------------------------ the graph
+    def stamp(self, gm: torch.fx.GraphModule, example_inputs: list) -> tuple[torch.fx.GraphModule, list, list]:
+        """Complete ``gm``, Dynamo's graph of the prefix, into the whole stack's graph.
+
+        Args:
+            gm: the traced graph; its placeholders are the prefix's inputs, in ``example_inputs`` order.
+            example_inputs: Dynamo's real inputs (parameters, buffers, arguments, SymInt token counts).
+
+        Returns:
+            ``(graph, inputs, extra)``: a new graph module (``gm`` is Dynamo's, left as it was), its inputs
+            (``example_inputs`` then ``extra``) and the tensors of the stamped layers the graph now takes after
+            Dynamo's inputs, in order.
+
+        Raises:
+            NotStampable: the trace fails a check of the module doc.
+        """
+        self.restore()  # the compile cache binds the stamped inputs to the whole model's tensors by name
+        model = self._model
+        tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        self._tensors, self._names = dict(tensors), {}
+        for name, t in tensors:
+            self._names.setdefault(id(t), []).append(name)
+        gm = _copy_of(gm)  # Dynamo reads its own graph's placeholders after the backend returns
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        values = dict(zip(placeholders, example_inputs))
+        blocks, block_of = self._blocks(gm)
+        canonical = {j: self._canonical(j, blocks, block_of, values) for j in range(2, self.prefix)}
+        templates = self._templates(blocks, canonical)
+        tail = self._check_outside(gm, blocks, block_of)
+        extra = self._copy(gm, blocks, block_of, values, templates, tail, placeholders)
+        gm.graph.lint()
+        gm.recompile()
+        compilation_counter.num_layers_stamped += len(self.kinds) - self.prefix
+        return gm, [*example_inputs, *extra], extra
+
+    def _layer_of(self, node: Node) -> int | None:
+        for dynamo_path, _ in (node.meta.get("nn_module_stack") or {}).values():
+            match = self._layer_name.match(_module_path(dynamo_path))
+            if match:
+                return int(match.group(1))
+        return None
+
+    def _blocks(self, gm) -> tuple[list[list[Node]], dict[Node, int]]:
+        """Each traced layer's nodes in graph order, and each node's layer (placeholders belong to none)."""
+        blocks: list[list[Node]] = [[] for _ in range(self.prefix)]
+        block_of = {}
+        for node in gm.graph.nodes:
+            j = self._layer_of(node) if node.op not in ("placeholder", "output") else None
+            if j is not None:
+                if j >= self.prefix:
+                    raise NotStampable(f"a node of layer {j} in a trace of {self.prefix} layers")
+                blocks[j].append(node)
+                block_of[node] = j
+        if not all(blocks):
+            empty = next(j for j, b in enumerate(blocks) if not b)
+            raise NotStampable(f"no node of the trace is in layer {empty} (Dynamo's module paths not understood)")
+        return blocks, block_of
+
+    def _own_tensor(self, value, j: int) -> str | None:
+        """The name of ``value`` inside layer ``j`` (``self_attn.qkv_proj.weight``), if it is one of its tensors."""
+        prefix = f"{self.path}.{j}."
+        names = sorted(n for n in self._names.get(id(value), ()) if n.startswith(prefix))
+        return names[0][len(prefix):] if names else None
+
+    def _canonical(self, j: int, blocks, block_of, values) -> list:
+        """Layer ``j``'s nodes, each argument named by what it is (module doc)."""
+        position = {n: p for p, n in enumerate(blocks[j])} | {n: ("prev", p) for p, n in enumerate(blocks[j - 1])}
+
+        def name(a):
+            if isinstance(a, Node):
+                if a in position:
+                    p = position[a]
+                    return p if isinstance(p, tuple) else ("own", p)
+                if a in block_of:
+                    raise NotStampable(f"layer {j} reads {a.name} of layer {block_of[a]}, not of the layer before")
+                if a.op == "placeholder":
+                    own = self._own_tensor(values[a], j)
+                    return ("tensor", own) if own is not None else ("outside", a)
+                return ("outside", a)
+            if isinstance(a, str):
+                return ("string", self._layer_name.sub(lambda m: f"{self.path}.<{int(m.group(1)) - j:+d}>", a))
+            return a
+
+        return [(n.op, n.target, map_aggregate(n.args, name), map_aggregate(n.kwargs, name)) for n in blocks[j]]
+
+    def _templates(self, blocks, canonical) -> dict[tuple, int]:
+        """Per transition of the layers to stamp, the traced layer its copies are made of."""
+        skeleton = {}
+        for j in range(1, self.prefix):
+            ops = [(n.op, n.target) for n in blocks[j]]
+            if skeleton.setdefault(self.kinds[j], ops) != ops:
+                raise NotStampable(f"layer {j} runs other ops than an earlier layer of kind {self.kinds[j]!r}")
+        templates = {}
+        for j in range(2, self.prefix):
+            transition = (self.kinds[j - 1], self.kinds[j])
+            first = templates.setdefault(transition, j)
+            if canonical[j] != canonical[first]:
+                raise NotStampable(f"layers {first} and {j} (both {transition[1]!r} after {transition[0]!r}) "
+                                   "traced to different graphs")  # fmt: skip
+            templates[transition] = j
+        for i in range(self.prefix, len(self.kinds)):
+            t = templates[(self.kinds[i - 1], self.kinds[i])]
+            if self._fingerprint(i) != self._fingerprint(t):
+                raise NotStampable(f"layer {i} differs from layer {t}, of its kind, in its modules, tensor shapes or "
+                                   "settings")  # fmt: skip
+        return templates
+
+    def _fingerprint(self, j: int) -> tuple:
+        """What two layers of one kind must share: their module tree's classes and plain settings (strings that
+        name the layer made relative to it), and their tensors' names, shapes and dtypes."""
+        layer = self._layers[j]
+        relative = lambda text: self._layer_name.sub(lambda m: f"<{int(m.group(1)) - j:+d}>", text)  # noqa: E731
+        modules = tuple((name, type(m), _settings(m, relative)) for name, m in layer.named_modules())
+        tensors = [*layer.named_parameters(remove_duplicate=False), *layer.named_buffers(remove_duplicate=False)]
+        return modules, tuple((name, tuple(t.shape), t.dtype) for name, t in tensors)
+
+    def _check_outside(self, gm, blocks, block_of) -> list[Node]:
+        """The nodes after the last traced layer; checks that a node outside the layers reads a layer's node
+        only there, and only the last layer's."""
+        last = blocks[-1][-1]
+        nodes = list(gm.graph.nodes)
+        tail = nodes[nodes.index(last) + 1:]
+        tail_set = set(tail)
+        for node in nodes:
+            if node in block_of:
+                continue
+            for a in node.all_input_nodes:
+                if a in block_of and not (node in tail_set and block_of[a] == self.prefix - 1):
+                    raise NotStampable(f"{node.name}, outside the layers, reads {a.name} of layer {block_of[a]}")
+        return [n for n in tail if n not in block_of]
+
+    def _copy(self, gm, blocks, block_of, values, templates, tail, placeholders) -> list[torch.Tensor]:
+        """Insert the stamped layers after the last traced one and point the tail at the last of them; returns the
+        tensors of the placeholders added."""
+        inputs = _Inputs(gm.graph, placeholders, values, self._tensors)
+        positions = [{n: p for p, n in enumerate(b)} for b in blocks]
+        previous = blocks[-1]
+        with gm.graph.inserting_before(tail[0]):  # the tail holds the output node at least
+            for i in range(self.prefix, len(self.kinds)):
+                t = templates[(self.kinds[i - 1], self.kinds[i])]
+                previous = self._stamp_layer(gm.graph, i, t, blocks, block_of, positions, previous, values, inputs)
+        self._point_tail_at(tail, positions[-1], previous)
+        return inputs.extra
+
+    def _stamp_layer(self, graph, i, t, blocks, block_of, positions, previous, values, inputs) -> list[Node]:
+        """Layer ``i`` as a copy of traced layer ``t``, reading ``previous`` (layer ``i - 1``'s nodes) where ``t``
+        reads layer ``t - 1``; its nodes in order."""
+        copies: list[Node] = []
+
+        def mapped(a):
+            if isinstance(a, Node):
+                if block_of.get(a) == t:
+                    return copies[positions[t][a]]
+                if block_of.get(a) == t - 1:
+                    return previous[positions[t - 1][a]]
+                own = self._own_tensor(values[a], t) if a.op == "placeholder" else None
+                return a if own is None else inputs.node_for(a, self._tensor_name(own, t, i))
+            return self._renamed(a, t, i) if isinstance(a, str) else a
+
+        for node in blocks[t]:
+            new = graph.create_node(node.op, node.target, map_aggregate(node.args, mapped),
+                                    map_aggregate(node.kwargs, mapped))  # fmt: skip
+            new.meta = dict(node.meta)  # its fake value is the template's, unless another layer reads it (below)
+            copies.append(new)
+        read = {previous[positions[t - 1][a]] for n in blocks[t] for a in n.all_input_nodes if block_of.get(a) == t - 1}
+        for node in read:
+            if node.meta.get("example_value") is not None and node not in block_of:
+                # a value read across layers gets its own fake: a piece that takes two copies of one template
+                # node (layer i - 1's and layer i's) must see two tensors, not one aliased twice
+                node.meta["example_value"] = inputs.fresh(node.meta["example_value"])
+        return copies
+
+    def _tensor_name(self, own: str, t: int, i: int) -> str:
+        """The model's name of layer ``i``'s tensor that is ``own`` in each layer (layer ``t``'s in the trace)."""
+        return f"{self.path}.{i}.{own}"
+
+    def _renamed(self, text: str, t: int, i: int) -> str:
+        """``text`` with each layer it names moved by ``i - t`` (the attention op's ``model.layers.3.self_attn.attn``
+        becomes layer ``i``'s)."""
+        return self._layer_name.sub(lambda m: f"{self.path}.{int(m.group(1)) - t + i}", text)
+
+    @staticmethod
+    def _point_tail_at(tail: list[Node], last_traced: dict[Node, int], last_stamped: list[Node]) -> None:
+        """Make the nodes after the layers (the final norm, the output) read the last stamped layer's node where
+        they read the last traced layer's (``last_traced``: node -> position)."""
+        moved = lambda a: last_stamped[last_traced[a]] if a in last_traced else a  # noqa: E731
+        for node in tail:
+            node.args, node.kwargs = map_aggregate(node.args, moved), map_aggregate(node.kwargs, moved)
+
+
+class _Inputs:
+    """The graph's placeholders, one per distinct tensor: a stamped layer's tensor gets a new placeholder after
+    the last (its fake value made by Dynamo's fake mode), unless a placeholder already takes that tensor (a
+    buffer the layers share, such as the rotary table)."""
+
+    def __init__(self, graph: torch.fx.Graph, placeholders: list[Node], values: dict, tensors: dict[str, torch.Tensor]):
+        self._graph, self._last, self._tensors = graph, placeholders[-1], tensors
+        self._by_tensor = {id(v): p for p, v in values.items() if isinstance(v, torch.Tensor)}
+        self._fake_mode = torch._guards.detect_fake_mode()
+        self.extra: list[torch.Tensor] = []
+
+    def fresh(self, value):
+        """A new fake tensor (or structure of them) of ``value``'s shapes, strides, dtypes and devices."""
+        if self._fake_mode is None:
+            return value
+
+        def new(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+
+        with self._fake_mode:
+            return torch.utils._pytree.tree_map(new, value)
+
+    def node_for(self, template: Node, name: str) -> Node:
+        """The placeholder of the model's tensor ``name``; ``template``: the traced layer's placeholder it
+        stands in for (its meta is copied)."""
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise NotStampable(f"the model has no tensor {name!r}")
+        if id(tensor) in self._by_tensor:
+            return self._by_tensor[id(tensor)]
+        with self._graph.inserting_after(self._last):
+            node = self._graph.placeholder(re.sub(r"\W", "_", name))
+        node.meta = {k: v for k, v in template.meta.items() if k != "grapharg"}  # Dynamo's source is the template's
+        fake = self._fake_mode.from_tensor(tensor, static_shapes=True) if self._fake_mode else tensor
+        node.meta["example_value"] = fake
+        self._last = self._by_tensor[id(tensor)] = node
+        self.extra.append(tensor)
+        return node
+
+
+def _copy_of(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph module over a copy of ``gm``'s graph (each node's meta copied, its values shared)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    return copy
+
+
+def with_inputs(split: Callable, extra: list[torch.Tensor]) -> Callable:
+    """``split`` called with Dynamo's inputs of the prefix followed by the stamped layers' tensors."""
+
+    def call(*args: Any):
+        return split(*args, *extra)
+
+    return call
