@@ -82,6 +82,7 @@ MODULES: dict[str, Module] = {
             "conformance/test_stale_outputs.py",
             "conformance/test_custom_ops.py",
             "conformance/test_compile_sizes.py",
+            "conformance/test_stamp.py",  # the tracing call of a prefix, and the backend's stamping and its inputs
             # the compile cache's hooks in capture.py (lookup at the first call, the entry written after it);
             # the suite runs with the cache off, so no other file reaches them
             "conformance/test_compile_cache.py",
@@ -105,6 +106,13 @@ MODULES: dict[str, Module] = {
         # another's compile, so its rules compare keys and check shared compiles' arithmetic
         sources=("reference/compilation/piece_key.py",),
         tests=("conformance/test_piece_key.py",),
+    ),
+    "compilation.stamp": Module(
+        # stamped layers: a copy that reads the wrong node, weight or layer name, or a check that lets a trace
+        # through which stamping cannot serve; the rule compares each architecture's stamped graph to its whole
+        # trace, the stack tests each refusal
+        sources=("reference/compilation/stamp.py",),
+        tests=("conformance/test_stamp.py",),
     ),
     "compilation.cache": Module(
         sources=(
