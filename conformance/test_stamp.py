@@ -3,9 +3,9 @@ of the decoder layers and the rest are copied into the graph.
 
 The rule: for every architecture the graph the backend splits is, node for node, the graph of a trace of every
 layer (each input named by the model tensor or argument it binds, each node by its position), and the two give
-bitwise the same logits. A model whose prefix fails stamping's checks is traced whole after one warning line;
-a model that declares two different layers as one kind outside the prefix gets a wrong graph, which the rule's
-comparison tells apart (so the rule can fail).
+bitwise the same logits. The faults that copy a layer wrongly (its attention name, its weights, the final norm's
+input) fail it. A stack that stamping cannot serve (layers that differ in their ops or settings, a weight read
+after the stack, a trace of the prefix that raises) is traced whole after one warning line.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from conformance.driver import prefill_and_decode
 from conformance.helpers import DEVICES, perturb_norms, runner_for
 from reference.compilation import cache_key, compile_model, expect_counters, stamp
 from reference.compilation.backend import PiecewiseBackend
+from reference.compilation.split import Piece
 from reference.config import CompilationConfig, mode_config
 from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
@@ -155,7 +156,7 @@ class Layer(nn.Module):
 class Stack(nn.Module):
     """Six layers declared of one kind; the layer at ``odd`` doubles its output, which the others do not."""
 
-    def __init__(self, odd: int):
+    def __init__(self, odd: int = -1):
         super().__init__()
         torch.manual_seed(0)
         self.layers = nn.ModuleList(Layer(i == odd) for i in range(6))
@@ -169,15 +170,51 @@ class Stack(nn.Module):
         return x
 
 
+class IndexedStack(Stack):
+    """Indexes its stack by a count of its own (as vLLM's pipeline-parallel loop does): a prefix has no layer 4."""
+
+    def forward(self, x):
+        for i in range(6):
+            x = self.layers[i](x)
+        return x
+
+
+class LastWeightStack(Stack):
+    """Reads the last layer's weight after the stack: in a trace of the prefix, the last traced layer's."""
+
+    def forward(self, x):
+        return super().forward(x) @ self.layers[-1].linear.weight.t()
+
+
+class ScaledLayer(Layer):
+    def forward(self, x):
+        return super().forward(x) * self.settings["scale"]
+
+
+class SettingStack(Stack):
+    """Layer 5 holds another value of a setting in a dict (a layer's settings are read whatever their container)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(ScaledLayer(False) for _ in range(6))
+        for i, layer in enumerate(self.layers):
+            layer.settings = {"scale": -1.0 if i == 5 else 1.0, "dtype": torch.float32}
+
+
 @pytest.mark.parametrize(
-    "odd, why",
+    "stack, why",
     [
-        (3, "layer 3 runs other ops than an earlier layer of kind 'same'"),  # in the prefix: the trace shows it
-        (5, "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),  # after it
+        (lambda: Stack(odd=3), "layer 3 runs other ops than an earlier layer of kind 'same'"),  # the trace shows it
+        (lambda: Stack(odd=5), "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),
+        (SettingStack, "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),
+        (LastWeightStack, "t, outside the layers, reads layers.3.linear.weight, a layer's own tensor"),
+        (IndexedStack, "its trace raised "),
     ],
+    ids=["ops", "settings", "settings-in-a-dict", "a-layer-weight-read-after-the-stack", "a-trace-that-fails"],
 )
-def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(odd, why):
-    model = Stack(odd).eval()
+def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, why):
+    model = stack().eval()
     x = torch.randn(5, 8)
     expected = model(x)
     compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
@@ -186,7 +223,8 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(odd, wh
         warnings.simplefilter("always")
         output = compiled(x)
     messages = [str(w.message) for w in caught if "stamped layers" in str(w.message)]
-    assert messages == [f"stamped layers: {why}; tracing all 6 layers instead of 4"]
+    assert len(messages) == 1 and messages[0].startswith(f"stamped layers: {why}"), messages
+    assert messages[0].endswith("; tracing all 6 layers instead of 4") and "\n" not in messages[0]
     torch.testing.assert_close(output, expected, rtol=0, atol=0)
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
@@ -225,3 +263,40 @@ def test_a_stamped_cold_start_is_cached_and_its_warm_start_gives_its_logits(monk
         _, warm = run(impl, "llama", "no_inductor", "cpu", **overrides)
     for a, b in zip(cold, warm):
         assert torch.equal(a, b)
+
+
+def test_the_trace_sees_a_copy_and_the_model_keeps_its_whole_stack():
+    """A thread that runs the model during the trace (the runner's kernel warm-up) runs every layer."""
+    model = Stack(odd=-1)
+    layers = model.layers
+    prefix_model = stamp.LayerStamp.for_model(model).prefix_model()
+    assert model.layers is layers and len(model.layers) == 6
+    assert len(prefix_model.layers) == 4 and all(a is b for a, b in zip(prefix_model.layers, layers))
+    nested = build("llama", mode_config("no_inductor"))
+    copy = stamp.LayerStamp.for_model(nested).prefix_model()
+    assert len(nested.model.layers) == 7 and len(copy.model.layers) == 4
+    assert copy.model.embed_tokens is nested.model.embed_tokens and copy.lm_head is nested.lm_head
+
+
+@pytest.mark.parametrize(
+    "dynamo_path",
+    ["L['self'].model.layers.3.mlp", "L['self']._modules['model']._modules['layers']._modules['3'].mlp",
+     "L['self'].model.layers[3].mlp"],
+)  # fmt: skip
+def test_each_spelling_of_a_module_path_in_dynamos_graph_is_read(dynamo_path):
+    assert stamp._module_path(dynamo_path) == "model.layers.3.mlp"
+
+
+def test_a_piece_given_one_fake_value_twice_is_refused():
+    """Stamped nodes share their template's fake values; a piece taking two of them would be compiled as if
+    given one tensor twice."""
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    graph.output(graph.call_function(torch.add, (a, b)))
+    fake = torch.empty(2)
+    a.meta["example_value"] = b.meta["example_value"] = fake
+    piece = Piece("submod_1", 1, False, torch.fx.GraphModule({}, graph))
+    with pytest.raises(stamp.NotStampable, match="submod_1 would take two stamped values that share one fake tensor"):
+        stamp.check_distinct_inputs([piece])
+    b.meta["example_value"] = torch.empty(2)
+    stamp.check_distinct_inputs([piece])

@@ -22,9 +22,9 @@ _real_default_capture_sizes = config_module.default_capture_sizes
 _real_resolve_capture_sizes = CompilationConfig._resolve_capture_sizes
 
 
-def _traced_layer_tensor(self, own, t, i):
-    """``LayerStamp._tensor_name`` naming the traced layer's tensor instead of the stamped layer's."""
-    return f"{self.path}.{t}.{own}"
+def _traced_layer_tensor(self, own, i):
+    """``LayerStamp._tensor_name`` naming the last traced layer's tensor instead of the stamped layer's."""
+    return f"{self.path}.{self.prefix - 1}.{own}"
 
 
 def _inductor_despite_use_inductor_false(module, config):

@@ -27,7 +27,7 @@ from reference.compilation.partition_graph import PartitionGraph, partition_wrap
 from reference.compilation.piece_key import piece_key
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
-from reference.compilation.stamp import LayerStamp, with_inputs
+from reference.compilation.stamp import LayerStamp, check_distinct_inputs, with_inputs
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
@@ -216,11 +216,13 @@ class PiecewiseBackend:
         extra = None
         if self.layer_stamp is not None:  # before anything counts the graph: a NotStampable leaves a trace to come
             gm, example_inputs, extra = self.layer_stamp.stamp(gm, example_inputs)
-        self._traced = True
-        compilation_counter.num_graphs_seen += 1
         cuts = self.config.splitting_ops if self.config.level == 3 else ()
         partition = self.config.use_inductor_graph_partition  # Inductor cuts the graph, our split keeps one piece
         split, pieces = split_graph(gm, () if partition else cuts)
+        if extra is not None:
+            check_distinct_inputs(pieces)
+        self._traced = True
+        compilation_counter.num_graphs_seen += 1
         # Inductor's partition cuts at the tagged ops whatever splitting_ops names
         cut_anywhere = _calls_a_splitting_op(gm, cuts) or (partition and _calls_a_splitting_op(gm, None))
         if cuts != () and not cut_anywhere:
@@ -246,6 +248,11 @@ class PiecewiseBackend:
         self._install(split, pieces, size_args, compiled, _on_cuda(gm))
         self._ready_to_run()
         return split if extra is None else with_inputs(split, extra)  # Dynamo passes the prefix's inputs only
+
+    @property
+    def traced(self) -> bool:
+        """Whether a graph has been compiled (or loaded from the compile cache) for this backend."""
+        return self._traced
 
     def _compile(self, pieces: list[Piece], size_args: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
         """Each piece that is not a splitting op compiled (piece name -> callable), and its static-shape compiles

@@ -24,6 +24,7 @@ wrapped once more, at any level, in :class:`.full_graph.FullCUDAGraphs`.
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from typing import Callable
@@ -43,7 +44,12 @@ from reference.config import CompilationConfig, ConfigError
 
 
 def _own_forward(model: nn.Module) -> Callable:
-    """``model.forward`` bound to a private copy of its code object.
+    """``model.forward`` bound to a private copy of its code object (:func:`_own_function`)."""
+    return types.MethodType(_own_function(model), model)
+
+
+def _own_function(model: nn.Module) -> Callable:
+    """``model.forward``'s function (``self`` its first argument) with a private copy of its code object.
 
     Dynamo caches compiled code per code object, and every model of a class shares ``forward``'s. Each
     compiled model brings its own backend, so to Dynamo a second model of the class is a recompile of
@@ -55,7 +61,7 @@ def _own_forward(model: nn.Module) -> Callable:
     code = fn.__code__.replace(co_name=fn.__code__.co_name)  # a new, equal code object
     clone = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     clone.__kwdefaults__, clone.__qualname__ = fn.__kwdefaults__, fn.__qualname__
-    return types.MethodType(clone, model)
+    return clone
 
 
 def _counting_calls(forward: Callable, guard: StaleOutputGuard) -> Callable:
@@ -122,13 +128,15 @@ class CompiledModel:
         elif config.level == 1:
             self._forward = torch.compile(_own_forward(model), backend=self.backend, fullgraph=True)
         else:
-            self._compiled = torch.compile(
-                _own_forward(model),
+            # `self` is an argument, so that the tracing call may pass a model with fewer layers (.stamp)
+            self._traced_function = torch.compile(
+                _own_function(model),
                 backend=self.backend,
                 fullgraph=True,
                 dynamic=False,  # only the dims we mark are dynamic
                 options={"guard_filter_fn": lambda guards: [False] * len(guards)},
             )
+            self._compiled = functools.partial(self._traced_function, model)
             self._forward = self._call_traced  # the compile cache may swap what it calls at the first call
             # a model that declares repeated layers has Dynamo trace a prefix of them (.stamp)
             self.layer_stamp = LayerStamp.for_model(model) if config.stamp_layers else None
@@ -157,16 +165,19 @@ class CompiledModel:
         return output
 
     def _trace_stamped(self, args):
-        """The tracing call with Dynamo shown a prefix of the layers, the backend stamping the rest; where the
-        trace cannot be stamped, one warning line and the tracing call again, of the whole stack."""
+        """The tracing call with Dynamo shown a copy of the model whose stack holds a prefix of the layers (the
+        model itself stays whole: the kernel warm-up's thread runs it meanwhile), the backend stamping the
+        rest. Where the trace cannot be stamped, or fails before the backend compiled anything (a forward that
+        indexes the stack by a count of its own), one warning line and the tracing call again, of the model."""
         stamp = self.backend.layer_stamp = self.layer_stamp
         try:
-            with stamp.truncated():
-                return self._compiled(*args)
-        except torch._dynamo.exc.BackendCompilerFailed as err:
-            if not isinstance(err.inner_exception, NotStampable):
-                raise
-            reason = err.inner_exception
+            return self._traced_function(stamp.prefix_model(), *args)
+        except Exception as err:
+            inner = err.inner_exception if isinstance(err, torch._dynamo.exc.BackendCompilerFailed) else err
+            if self.backend.traced and not isinstance(inner, NotStampable):
+                raise  # the graph was compiled: the error is the call's own
+            reason = str(inner) if isinstance(inner, NotStampable) else f"its trace raised {type(inner).__name__}: " + (
+                str(inner).strip().splitlines() or [""])[0]
         finally:
             self.backend.layer_stamp = None
         warnings.warn(

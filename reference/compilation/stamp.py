@@ -8,29 +8,41 @@ graph to split at the attention ops, so instead the first call traces a *prefix*
 are stamped from it here, node for node, before the backend splits the graph.
 
 A model declares its repeated layers with ``repeated_layers() -> (path, kinds)``: the module path of its
-``nn.ModuleList`` (``'model.layers'``) and one hashable kind per layer, such that two layers of one kind run
-the same code on weights of the same shapes (Gemma 3: ``'sliding_attention'`` and ``'full_attention'``). The
-first layer (its residual is None) and every layer whose kind follows another kind differ in what they read
-from the layer before, so what is stamped is a *transition*, (kind before, kind): the prefix is the shortest
-one in which every transition of the layers after it occurs at least twice at index 2 or later (the copy is
-made of the last occurrence, and the others must trace to the same graph), and whose last layer has the
-stack's last kind (the final norm reads it). Llama's 32 layers trace 4; Gemma 3 4B's 34 layers of period 6
-trace 13.
+``nn.ModuleList`` (``'model.layers'``) and one hashable kind per layer. The declaration promises that two layers
+of one kind run the same code on weights of the same shapes, and that the forward only iterates over the stack,
+calling each layer alike: no ``len`` of it, no index, no argument that depends on the layer's place (Gemma 3's
+kinds are its ``'sliding_attention'`` and ``'full_attention'``). The first layer (its residual is None) and
+every layer whose kind follows another kind differ in what they read from the layer before, so what is
+stamped is a *transition*, (kind before, kind): the prefix is the shortest one in which every transition of
+the layers after it occurs at least twice at index 2 or later (the copy is made of the last occurrence, and
+the others must trace to the same graph), and whose last layer has the stack's last kind (the final norm reads
+it). Llama's 32 layers trace 4; Gemma 3 4B's 34 layers of period 6 trace 13.
 
-Before anything is copied, the trace is checked: every occurrence of a transition traced to one canonical
-graph (each argument named by what it is: a node of its own layer or of the layer before by position, a
-weight of its own layer by its name in the layer, a node outside the layers, a string naming its own layer),
-the layers of a kind to one sequence of ops, and no node outside the layers reads one inside them except
-after the last. A model whose trace fails a check is traced whole, after one warning line. A conformance rule
+Dynamo traces a shallow copy of the model whose stack holds the prefix (the model stays whole for the runner's
+kernel warm-up, which runs it on a thread meanwhile). Before anything is copied, the trace is checked, and a
+model that fails a check, or whose trace of the prefix raises, is traced whole after one warning line:
+
+* every occurrence of a transition traced to one canonical graph (each argument named by what it is: a node of
+  its own layer or of the layer before by position, a weight of its own layer by its name in the layer, a node
+  outside the layers, a string naming its own layer), and the layers of a kind to one sequence of ops;
+* no node outside the layers reads one inside them, except the last layer's after the stack, nor a tensor that
+  only the layers own (``self.layers[-1].weight`` read after the stack);
+* each stamped layer has its template's module classes, tensor names, shapes and dtypes, and plain settings
+  (numbers, strings, dtypes and containers of them; strings naming the layer made relative to it).
+
+What the checks cannot see is a breach of the promise outside the prefix that leaves no trace in the modules
+(a ``len(self.layers)`` in the forward, a constant passed to one layer only); the conformance rule
 (``conformance/test_stamp.py``) holds every architecture's stamped graph to its whole trace, node for node.
+Stamped layers' tensors are bound when the graph is stamped, as a compile-cache hit binds every tensor: levels
+2-3 assume the parameters do not change after the first call.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import Counter
-from contextlib import contextmanager
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable
 
 import torch
 from torch import nn
@@ -70,18 +82,36 @@ def _module_path(dynamo_path: str) -> str:
     return path.lstrip(".")
 
 
-_PLAIN = (bool, int, float, str, type(None))
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_OPAQUE = object()  # what a setting that is not plain data reads as: modules, tensors, configs, functions
+
+
+def _plain(value, layer_name: Callable[[str], str]):
+    """``value`` as comparable plain data (strings' layer indices made relative by ``layer_name``, containers
+    walked), or ``_OPAQUE``."""
+    if isinstance(value, str):
+        return layer_name(value)
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = [_plain(v, layer_name) for v in value]
+        ordered = sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
+        return (type(value).__name__, tuple(ordered))
+    if isinstance(value, dict):
+        return ("dict", tuple((_plain(k, layer_name), _plain(v, layer_name)) for k, v in value.items()))
+    return _OPAQUE
 
 
 def _settings(module: nn.Module, layer_name: Callable[[str], str]) -> tuple:
-    """A module's own plain attributes (numbers, strings, None, tuples of them; not torch's ``training``), each
-    string's layer index made relative by ``layer_name``."""
+    """A module's own attributes that are plain data (numbers, strings, dtypes, devices, None, and containers of
+    them; not torch's ``training``), each string's layer index made relative by ``layer_name``."""
     items = []
     for name, value in sorted(vars(module).items()):
         if name.startswith("_") or name == "training":
             continue
-        if isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value) or isinstance(value, _PLAIN):
-            items.append((name, layer_name(value) if isinstance(value, str) else value))
+        plain = _plain(value, layer_name)
+        if plain is not _OPAQUE:
+            items.append((name, plain))
     return tuple(items)
 
 
@@ -97,8 +127,6 @@ class LayerStamp:
 
     def __init__(self, model: nn.Module, path: str, kinds: tuple[Hashable, ...], prefix: int):
         self.path, self.kinds, self.prefix = path, kinds, prefix
-        self._parent_path, _, self._attribute = path.rpartition(".")
-        self._parent = model.get_submodule(self._parent_path)
         self._layers: nn.ModuleList = model.get_submodule(path)
         self._model = model
         self._tensors: dict[str, torch.Tensor] = {}  # the model's tensors by name, and their names, when it stamps
@@ -125,19 +153,18 @@ class LayerStamp:
         prefix = prefix_length(tuple(kinds))
         return None if prefix is None else cls(model, path, tuple(kinds), prefix)
 
-    @contextmanager
-    def truncated(self) -> Iterator[None]:
-        """The model with only its first ``prefix`` layers in the stack, for Dynamo's trace; whole again after
-        (or earlier, by :meth:`restore`)."""
-        setattr(self._parent, self._attribute, nn.ModuleList(self._layers[: self.prefix]))
-        try:
-            yield
-        finally:
-            self.restore()
-
-    def restore(self) -> None:
-        """Put the whole stack back (idempotent)."""
-        setattr(self._parent, self._attribute, self._layers)
+    def prefix_model(self) -> nn.Module:
+        """A shallow copy of the model whose stack holds only its first ``prefix`` layers, for Dynamo's trace.
+        The modules on the stack's path are copied (their own tensors and the layers are the model's); the model
+        itself is left whole, for any thread that runs it meanwhile."""
+        *parents, last = self.path.split(".")
+        top = node = copy.copy(self._model)
+        for name in parents:
+            node._modules = dict(node._modules)
+            node._modules[name] = node = copy.copy(node._modules[name])
+        node._modules = dict(node._modules)
+        node._modules[last] = nn.ModuleList(list(self._layers)[: self.prefix])
+        return top
 
     # ------------------------------------------------------------------ the graph
     def stamp(self, gm: torch.fx.GraphModule, example_inputs: list) -> tuple[torch.fx.GraphModule, list, list]:
@@ -155,7 +182,6 @@ class LayerStamp:
         Raises:
             NotStampable: the trace fails a check of the module doc.
         """
-        self.restore()  # the compile cache binds the stamped inputs to the whole model's tensors by name
         model = self._model
         tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
         self._tensors, self._names = dict(tensors), {}
@@ -167,7 +193,7 @@ class LayerStamp:
         blocks, block_of = self._blocks(gm)
         canonical = {j: self._canonical(j, blocks, block_of, values) for j in range(2, self.prefix)}
         templates = self._templates(blocks, canonical)
-        tail = self._check_outside(gm, blocks, block_of)
+        tail = self._check_outside(gm, blocks, block_of, values)
         extra = self._copy(gm, blocks, block_of, values, templates, tail, placeholders)
         gm.graph.lint()
         gm.recompile()
@@ -255,19 +281,23 @@ class LayerStamp:
         tensors = [*layer.named_parameters(remove_duplicate=False), *layer.named_buffers(remove_duplicate=False)]
         return modules, tuple((name, tuple(t.shape), t.dtype) for name, t in tensors)
 
-    def _check_outside(self, gm, blocks, block_of) -> list[Node]:
+    def _check_outside(self, gm, blocks, block_of, values) -> list[Node]:
         """The nodes after the last traced layer; checks that a node outside the layers reads a layer's node
-        only there, and only the last layer's."""
+        only there, and only the last layer's, and reads no tensor that only the layers own."""
         last = blocks[-1][-1]
         nodes = list(gm.graph.nodes)
         tail = nodes[nodes.index(last) + 1:]
         tail_set = set(tail)
         for node in nodes:
-            if node in block_of:
+            if node in block_of or node.op == "placeholder":
                 continue
             for a in node.all_input_nodes:
                 if a in block_of and not (node in tail_set and block_of[a] == self.prefix - 1):
                     raise NotStampable(f"{node.name}, outside the layers, reads {a.name} of layer {block_of[a]}")
+                names = self._names.get(id(values.get(a)), ()) if a.op == "placeholder" else ()
+                if names and all(name.startswith(f"{self.path}.") for name in names):
+                    # which layer it meant (``self.layers[-1]`` or ``[3]``) the trace of a prefix cannot say
+                    raise NotStampable(f"{node.name}, outside the layers, reads {names[0]}, a layer's own tensor")
         return [n for n in tail if n not in block_of]
 
     def _copy(self, gm, blocks, block_of, values, templates, tail, placeholders) -> list[torch.Tensor]:
@@ -295,24 +325,18 @@ class LayerStamp:
                 if block_of.get(a) == t - 1:
                     return previous[positions[t - 1][a]]
                 own = self._own_tensor(values[a], t) if a.op == "placeholder" else None
-                return a if own is None else inputs.node_for(a, self._tensor_name(own, t, i))
+                return a if own is None else inputs.node_for(a, self._tensor_name(own, i))
             return self._renamed(a, t, i) if isinstance(a, str) else a
 
         for node in blocks[t]:
             new = graph.create_node(node.op, node.target, map_aggregate(node.args, mapped),
                                     map_aggregate(node.kwargs, mapped))  # fmt: skip
-            new.meta = dict(node.meta)  # its fake value is the template's, unless another layer reads it (below)
+            new.meta = dict(node.meta)  # its fake value is the template's (check_distinct_inputs)
             copies.append(new)
-        read = {previous[positions[t - 1][a]] for n in blocks[t] for a in n.all_input_nodes if block_of.get(a) == t - 1}
-        for node in read:
-            if node.meta.get("example_value") is not None and node not in block_of:
-                # a value read across layers gets its own fake: a piece that takes two copies of one template
-                # node (layer i - 1's and layer i's) must see two tensors, not one aliased twice
-                node.meta["example_value"] = inputs.fresh(node.meta["example_value"])
         return copies
 
-    def _tensor_name(self, own: str, t: int, i: int) -> str:
-        """The model's name of layer ``i``'s tensor that is ``own`` in each layer (layer ``t``'s in the trace)."""
+    def _tensor_name(self, own: str, i: int) -> str:
+        """The model's name of layer ``i``'s tensor that is ``own`` in each layer."""
         return f"{self.path}.{i}.{own}"
 
     def _renamed(self, text: str, t: int, i: int) -> str:
@@ -337,38 +361,44 @@ class _Inputs:
     def __init__(self, graph: torch.fx.Graph, placeholders: list[Node], values: dict, tensors: dict[str, torch.Tensor]):
         self._graph, self._last, self._tensors = graph, placeholders[-1], tensors
         self._by_tensor = {id(v): p for p, v in values.items() if isinstance(v, torch.Tensor)}
-        self._fake_mode = torch._guards.detect_fake_mode()
+        self._fake_mode = torch._guards.TracingContext.get().fake_mode  # Dynamo's, around its backend's call
         self.extra: list[torch.Tensor] = []
-
-    def fresh(self, value):
-        """A new fake tensor (or structure of them) of ``value``'s shapes, strides, dtypes and devices."""
-        if self._fake_mode is None:
-            return value
-
-        def new(v):
-            if not isinstance(v, torch.Tensor):
-                return v
-            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-
-        with self._fake_mode:
-            return torch.utils._pytree.tree_map(new, value)
 
     def node_for(self, template: Node, name: str) -> Node:
         """The placeholder of the model's tensor ``name``; ``template``: the traced layer's placeholder it
         stands in for (its meta is copied)."""
-        tensor = self._tensors.get(name)
-        if tensor is None:
-            raise NotStampable(f"the model has no tensor {name!r}")
+        tensor = self._tensors[name]  # there: the layer has its template's tensor names (LayerStamp._fingerprint)
         if id(tensor) in self._by_tensor:
             return self._by_tensor[id(tensor)]
         with self._graph.inserting_after(self._last):
             node = self._graph.placeholder(re.sub(r"\W", "_", name))
         node.meta = {k: v for k, v in template.meta.items() if k != "grapharg"}  # Dynamo's source is the template's
-        fake = self._fake_mode.from_tensor(tensor, static_shapes=True) if self._fake_mode else tensor
-        node.meta["example_value"] = fake
+        node.meta["example_value"] = self._fake_mode.from_tensor(tensor, static_shapes=True)
         self._last = self._by_tensor[id(tensor)] = node
         self.extra.append(tensor)
         return node
+
+
+def check_distinct_inputs(pieces) -> None:
+    """Each piece of a stamped graph takes inputs with fake values of their own.
+
+    A stamped node shares its template's fake value (making new ones costs more than the rest of the stamping),
+    and Inductor's AOT Autograd takes two inputs with one fake value for one tensor passed twice. A piece that
+    takes one template node's copies in two layers would be compiled so; the project's models give none (a piece
+    spans the end of one layer and the start of the next, which read only their own values and the previous
+    layer's), and this refuses any that would.
+
+    Args:
+        pieces: the split pieces (:class:`~reference.compilation.split.Piece`).
+
+    Raises:
+        NotStampable: naming the piece.
+    """
+    for piece in pieces:
+        values = [n.meta.get("example_value") for n in piece.module.graph.nodes if n.op == "placeholder"]
+        tensors = [id(v) for v in values if isinstance(v, torch.Tensor)]
+        if len(tensors) != len(set(tensors)):
+            raise NotStampable(f"{piece.name} would take two stamped values that share one fake tensor")
 
 
 def _copy_of(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
