@@ -127,6 +127,7 @@ def test_the_stamped_graph_is_the_whole_trace_and_gives_its_logits_bitwise(arch,
         whole_model, whole = run(impl, arch, "no_inductor", device, stamp_layers=False)
     (stamped_gm, stamped_inputs), (whole_gm, whole_inputs) = traces
     assert canonical(stamped_gm, stamped_inputs, stamped_model) == canonical(whole_gm, whole_inputs, whole_model)
+    assert len(stamped_inputs) == len(whole_inputs)  # one input per tensor: the layers' shared rotary table once
     for a, b in zip(stamped, whole):
         assert torch.equal(a, b)
 
@@ -144,29 +145,45 @@ def test_inductor_compiles_the_stamped_graph_to_the_whole_traces_logits(traces, 
 
 # ---------------------------------------------------------------------- what stamping refuses
 class Layer(nn.Module):
-    def __init__(self, doubles: bool):
-        super().__init__()
-        self.linear, self.doubles = nn.Linear(8, 8), doubles
+    """``x [T, 8] -> [T, 8]``: a linear layer, its activation, then what its settings say (each a way two layers
+    of one declared kind can differ)."""
 
-    def forward(self, x):
-        y = torch.relu(self.linear(x))
+    def __init__(self, doubles=False, *, adds_input=False, floor=-1.0, act=nn.ReLU, settings=None):
+        super().__init__()
+        self.linear, self.act = nn.Linear(8, 8), act()
+        self.doubles, self.adds_input, self.floor = doubles, adds_input, floor
+        self.settings = settings or {"gain": 1.0}
+
+    def forward(self, x, shift=None):
+        y = self.act(self.linear(x)) * self.settings["gain"]
+        y = y + (x if self.adds_input else y)  # one op either way; what it reads differs
+        y = torch.clamp(y, min=self.floor)
+        if hasattr(self, "scale"):
+            y = y * self.scale
+        if shift is not None:
+            y = y + shift
         return y * 2 if self.doubles else y
 
 
 class Stack(nn.Module):
-    """Six layers declared of one kind; the layer at ``odd`` doubles its output, which the others do not."""
+    """Layers declared of one kind (or of ``kinds``); ``odd`` gets ``Layer(**odd_settings)``, the others
+    ``Layer(**settings)``. With ``shift``, each layer also takes one value the forward computes before the stack."""
 
-    def __init__(self, odd: int = -1):
+    def __init__(self, odd: int = -1, odd_settings=None, *, n=6, kinds=None, shift=False, **settings):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(Layer(i == odd) for i in range(6))
+        odd_settings = {"doubles": True} if odd_settings is None else odd_settings
+        self.layers = nn.ModuleList(Layer(**(odd_settings if i == odd else settings)) for i in range(n))
+        self.kinds = kinds or ("same",) * n
+        self.shift = shift
 
     def repeated_layers(self):
-        return "layers", ("same",) * len(self.layers)
+        return "layers", self.kinds
 
     def forward(self, x):
+        shift = x.mean() if self.shift else None
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, shift)
         return x
 
 
@@ -186,33 +203,51 @@ class LastWeightStack(Stack):
         return super().forward(x) @ self.layers[-1].linear.weight.t()
 
 
-class ScaledLayer(Layer):
-    def forward(self, x):
-        return super().forward(x) * self.settings["scale"]
+class IdentityLayer(nn.Module):
+    def forward(self, x, shift=None):
+        return x
 
 
-class SettingStack(Stack):
-    """Layer 5 holds another value of a setting in a dict (a layer's settings are read whatever their container)."""
+class IdentityStack(Stack):
+    """Layers that compute nothing: no node of the trace is any layer's."""
 
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
-        self.layers = nn.ModuleList(ScaledLayer(False) for _ in range(6))
-        for i, layer in enumerate(self.layers):
-            layer.settings = {"scale": -1.0 if i == 5 else 1.0, "dtype": torch.float32}
+        self.layers = nn.ModuleList(IdentityLayer() for _ in range(6))
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _with_scales(stack: Stack) -> Stack:
+    for i, layer in enumerate(stack.layers):
+        layer.scale = torch.full((8,), float(i + 1))  # held, not registered: not among the layer's own tensors
+    return stack
+
+
+MISMATCH = "differs from layer 3, of its kind, in its modules, tensor shapes or settings"
+TRACED_APART = "layers 2 and 3 (both 'same' after 'same') traced to different graphs"
 
 
 @pytest.mark.parametrize(
     "stack, why",
     [
         (lambda: Stack(odd=3), "layer 3 runs other ops than an earlier layer of kind 'same'"),  # the trace shows it
-        (lambda: Stack(odd=5), "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),
-        (SettingStack, "layer 5 differs from layer 3, of its kind, in its modules, tensor shapes or settings"),
+        (lambda: Stack(odd=3, odd_settings={"adds_input": True}), TRACED_APART),  # same ops, another argument
+        (lambda: Stack(odd=3, odd_settings={"floor": 0.5}), TRACED_APART),  # same ops, another keyword's value
+        (lambda: _with_scales(Stack()), TRACED_APART),  # each layer reads a tensor that is not its own
+        (lambda: Stack(odd=5), f"layer 5 {MISMATCH}"),
+        (lambda: Stack(odd=5, odd_settings={"settings": {"gain": -1.0}}), f"layer 5 {MISMATCH}"),  # in a dict
+        (lambda: Stack(odd=5, odd_settings={"settings": {"gain": 1.0, "name": "b"}}), f"layer 5 {MISMATCH}"),
+        (lambda: Stack(odd=5, odd_settings={"act": nn.GELU}), f"layer 5 {MISMATCH}"),  # a module of another class
         (LastWeightStack, "t, outside the layers, reads layers.3.linear.weight, a layer's own tensor"),
         (IndexedStack, "its trace raised "),
+        (IdentityStack, "no node of the trace is in layer 0 (Dynamo's module paths not understood)"),
     ],
-    ids=["ops", "settings", "settings-in-a-dict", "a-layer-weight-read-after-the-stack", "a-trace-that-fails"],
-)
+    ids=["ops", "an-argument", "a-keyword", "a-tensor-not-its-own", "settings", "a-number-in-a-dict",
+         "a-string-in-a-dict", "a-module-class", "a-layer-weight-read-after-the-stack", "a-trace-that-fails",
+         "no-layer-in-the-graph"],
+)  # fmt: skip
 def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, why):
     model = stack().eval()
     x = torch.randn(5, 8)
@@ -229,11 +264,23 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
 
-def test_a_stack_of_equal_layers_is_stamped_and_computes_the_model():
-    model = Stack(odd=-1).eval()
+@pytest.mark.parametrize(
+    "stack, stamped",
+    [
+        (lambda: Stack(), 2),
+        (lambda: Stack(shift=True), 2),  # each layer reads a value computed outside the stack
+        # two kinds that run different ops, alternating: (b, a) and (a, b) twice each from layer 2 on, ending on b
+        (lambda: Stack(odd=-1, n=8, kinds=("a", "b") * 4), 2),
+    ],
+    ids=["equal-layers", "a-value-from-outside", "two-kinds"],
+)
+def test_a_stack_stamping_can_serve_is_stamped_and_computes_the_model(stack, stamped):
+    model = stack().eval()
+    if model.kinds[0] == "a":  # kind b doubles
+        model.layers = nn.ModuleList(Layer(doubles=k == "b") for k in model.kinds)
     x = torch.randn(5, 8)
     compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
-    with expect_counters(num_layers_stamped=2, num_graphs_seen=1):
+    with expect_counters(num_layers_stamped=stamped, num_graphs_seen=1):
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
     torch.testing.assert_close(compiled(x[:2]), model(x[:2]), rtol=0, atol=0)
 
@@ -300,3 +347,34 @@ def test_a_piece_given_one_fake_value_twice_is_refused():
         stamp.check_distinct_inputs([piece])
     b.meta["example_value"] = torch.empty(2)
     stamp.check_distinct_inputs([piece])
+
+
+def relative(text: str) -> str:
+    return text.replace("layers.3", "layers.<+0>")
+
+
+@pytest.mark.parametrize(
+    "value, plain",
+    [
+        ("model.layers.3.attn", "model.layers.<+0>.attn"),
+        (2, 2), (0.5, 0.5), (None, None), (b"x", b"x"), (1j, 1j), (torch.bfloat16, torch.bfloat16),
+        (torch.device("cpu"), torch.device("cpu")),
+        (("layers.3", 1), ("tuple", ("layers.<+0>", 1))),
+        (["b", "a"], ("list", ("b", "a"))),  # a list keeps its order
+        ({"b", "a"}, ("set", ("a", "b"))),  # a set's order is its contents'
+        ({1, "a"}, ("set", ("a", 1))),  # mixed types sort by their repr: "'a'" before "1"
+        ({"layers.3": ["layers.3"]}, ("dict", (("layers.<+0>", ("list", ("layers.<+0>",))),))),
+    ],
+)  # fmt: skip
+def test_a_setting_reads_as_plain_data_with_its_layer_made_relative(value, plain):
+    assert stamp._plain(value, relative) == plain
+
+
+def test_modules_tensors_and_private_attributes_are_no_settings():
+    module = nn.Linear(2, 2)
+    module.note, module._private, module.held = "layers.3", 1, torch.zeros(1)
+    module.nested = [nn.ReLU()]
+    settings = dict(stamp._settings(module, relative))
+    assert settings == {"in_features": 2, "out_features": 2, "note": "layers.<+0>",
+                        "nested": ("list", (stamp._OPAQUE,))}  # fmt: skip
+    assert stamp._plain(nn.ReLU(), relative) is stamp._OPAQUE
