@@ -20,7 +20,8 @@ maps a :class:`~reference.config.CompilationConfig` onto that:
   graph has no static-shape compiles beside it.
 
 Capture sizes are the runner's: it pads every step to one of them, and graph trees record a graph for
-each size they see.
+each size they see. ``stamp_layers`` is the project's and is ignored here: Dynamo traces every layer, so a
+cold start of this peer is compared against a stamped one of the project's (perf/NOTES.md v44).
 """
 
 from __future__ import annotations
