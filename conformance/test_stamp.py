@@ -284,23 +284,28 @@ TRACED_APART = re.escape("layers 2 and 3 (both 'same' after 'same') traced to di
         (SkipStack, r"layer 2 reads \w+ of layer 0, not of the layer before"),
         (IndexedStack, r"its trace raised \w+: "),
         (IdentityStack, re.escape("no node of the trace is in layer 0 (Dynamo's module paths not understood)")),
+        # two kinds: layer 4 of kind a reads another argument than layer 2, the other a after a b
+        (lambda: Stack(4, {"adds_input": True}, n=8, kinds=("a", "b") * 4), re.escape(
+            "layers 2 and 4 (both 'a' after 'b') traced to different graphs")),
     ],
     ids=["ops", "an-argument", "a-keyword", "a-tensor-not-its-own", "settings", "a-number-in-a-dict",
          "a-string-in-a-dict", "a-layer-named-in-a-setting", "a-module-class", "a-layer-weight-read-after-the-stack",
-         "an-early-layer-read-after-the-stack", "a-skip-over-a-layer", "a-trace-that-fails", "no-layer-in-the-graph"],
+         "an-early-layer-read-after-the-stack", "a-skip-over-a-layer", "a-trace-that-fails", "no-layer-in-the-graph",
+         "two-kinds-traced-apart"],
 )  # fmt: skip
 def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, why):
     model = stack().eval()
     x = torch.randn(5, 8)
     expected = model(x)
     compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
-    assert compiled.layer_stamp.prefix == 4
+    prefix = compiled.layer_stamp.prefix
     with expect_counters(num_layers_stamped=0, num_graphs_seen=1), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         output = compiled(x)
     messages = [str(w.message) for w in caught if "stamped layers" in str(w.message)]
     assert len(messages) == 1 and re.match(f"stamped layers: {why}", messages[0]), messages
-    assert messages[0].endswith("; tracing all 6 layers instead of 4") and "\n" not in messages[0]
+    assert messages[0].endswith(f"; tracing all {len(model.layers)} layers instead of {prefix}")
+    assert "\n" not in messages[0]
     torch.testing.assert_close(output, expected, rtol=0, atol=0)
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
@@ -313,8 +318,9 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
         # two kinds that run different ops, alternating: (b, a) and (a, b) twice each from layer 2 on, ending on b
         (lambda: Stack(odd=-1, n=8, kinds=("a", "b") * 4), 2),
         (lambda: Stack(odd=-1, n=12, kinds=("a", "a", "b") * 4), 3),  # as Gemma 3's local and global layers
+        (lambda: Stack(0, {"floor": 0.5}), 2),  # the first layer, traced and never a template, may differ
     ],
-    ids=["equal-layers", "a-value-from-outside", "two-kinds", "two-kinds-of-period-3"],
+    ids=["equal-layers", "a-value-from-outside", "two-kinds", "two-kinds-of-period-3", "a-first-layer-of-its-own"],
 )
 def test_a_stack_stamping_can_serve_is_stamped_and_computes_the_model(stack, stamped):
     model = stack().eval()
@@ -330,6 +336,20 @@ def test_a_stack_stamping_can_serve_is_stamped_and_computes_the_model(stack, sta
 @pytest.mark.parametrize("level", [pytest.param(0, marks=pytest.mark.eager), 1])
 def test_levels_that_do_not_trace_once_stamp_nothing(level):
     assert compile_model(Stack(odd=-1), CompilationConfig(level=level, use_inductor=False)).layer_stamp is None
+
+
+def test_a_model_that_declares_no_stack_or_too_short_a_one_stamps_nothing():
+    assert compile_model(nn.Linear(2, 2), CompilationConfig(level=2, use_inductor=False)).layer_stamp is None
+    assert compile_model(Stack(n=4), CompilationConfig(level=2, use_inductor=False)).layer_stamp is None
+    assert compile_model(Stack(n=5), CompilationConfig(level=2, use_inductor=False)).layer_stamp.prefix == 4
+
+
+def test_a_declaration_that_names_no_module_list_is_refused():
+    model = Stack()
+    model.repeated_layers = lambda: ("layers.0", ("same",) * 6)
+    expected = r"repeated_layers: Stack names 'layers.0' with 6 kinds, but that is Layer of no layers"
+    with pytest.raises(ValueError, match=expected):
+        compile_model(model, CompilationConfig(level=2, use_inductor=False))
 
 
 def test_a_declaration_that_does_not_fit_the_stack_is_refused():
