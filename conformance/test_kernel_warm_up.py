@@ -11,7 +11,8 @@ have their own); the step's shape fits any KV cache and leaves no context behind
 trace, and only for a start that traces (not one the compile cache serves) without Inductor; a failed step is one
 warning, a failed trace leaves nothing holding the model; the backend calls its hook once before any piece runs;
 on CUDA, every custom-op kernel a piecewise warm-up and its steps launch was compiled on the warm-up's thread,
-none on the runner's. The runner's wiring runs on a CPU here with ``DEVICE_TYPES``
+none on the runner's; the step's first pass compiles without launching, its compiles handed to a pool at once,
+and its second pass, which launches, compiles nothing. The runner's wiring runs on a CPU here with ``DEVICE_TYPES``
 widened (on a CPU the step runs torch's kernels, so it compiles nothing).
 """
 
@@ -32,6 +33,7 @@ from reference.engine.kernel_warm_up import KernelWarmUp, warm_up_step
 from reference.engine.runner import ModelRunner
 from reference.forward_context import ForwardContext, current_forward_context, set_forward_context
 from reference.ops import attention as attention_module
+from reference.ops import kernel_launch
 
 pytestmark = [pytest.mark.requires("components"), pytest.mark.no_inductor]
 
@@ -259,8 +261,9 @@ def test_on_cuda_the_warm_ups_launches_are_done_when_wait_returns(monkeypatch):
     assert torch.cuda.default_stream(runner.device).query(), "the warm-up's kernels still ran after wait() returned"
 
 
-def _triton_compiles(monkeypatch) -> list[tuple[str, str]]:
-    """Every compile of one of the project's Triton kernels from now on appends (thread name, kernel name).
+def _triton_compiles(monkeypatch) -> list[tuple[str, str, bool]]:
+    """Every compile of one of the project's Triton kernels from now on appends (thread name, kernel name, whether
+    the thread was inside ``kernel_launch.compile_only``, where the compile is handed to a pool of threads).
 
     Each kernel's in-memory variants are dropped first, so a kernel an earlier test compiled in this process
     compiles again (from Triton's disk cache, where it has one: still a compile call, on some thread).
@@ -278,11 +281,77 @@ def _triton_compiles(monkeypatch) -> list[tuple[str, str]]:
 
     def spy(self, *args, **kwargs):
         if id(self) in ours:
-            seen.append((threading.current_thread().name, self.fn.__name__))
+            seen.append((threading.current_thread().name, self.fn.__name__, kernel_launch.compiling_only()))
         return compile_variant(self, *args, **kwargs)
 
     monkeypatch.setattr(jit.JITFunction, "_do_compile", spy)
     return seen
+
+
+needs_parallel_compile = pytest.mark.skipif(
+    not kernel_launch.supported(), reason="Triton has no AsyncCompileMode (3.4+): the warm-up compiles as it launches"
+)
+
+
+@pytest.mark.gpu
+@needs_parallel_compile
+def test_on_cuda_a_launch_inside_compile_only_compiles_its_kernel_and_writes_nothing(monkeypatch):
+    """The warm-up's first pass runs the model with every launch turned into a compile: a kernel that launched there
+    would run beside the trace, on outputs left as allocated. The launch after the block finds the compile."""
+    from reference.ops import graph_attention_kernels
+
+    compiles = _triton_compiles(monkeypatch)
+    cache = torch.zeros(2, 4, 8, 2, 64, device="cuda", dtype=torch.bfloat16)  # [2, R, L, Hkv, D]
+    k, v = (torch.randn(3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))  # [T, Hkv * D]
+    slots = torch.tensor([0, 9, 17], device="cuda")  # [T], flat row * L + position
+    with kernel_launch.compile_only(workers=2):
+        graph_attention_kernels.write_kv_cache(k, v, cache, slots)
+    torch.cuda.synchronize()
+    assert not cache.any(), "a launch inside compile_only wrote the KV cache"
+    assert compiles == [("MainThread", "_write_kv_cache_kernel", True)]
+    graph_attention_kernels.write_kv_cache(k, v, cache, slots)
+    assert len(compiles) == 1, f"the launch after the block compiled again: {compiles[1:]}"
+    flat = cache.view(2, -1, 128)  # [2, R * L, Hkv * D]
+    torch.testing.assert_close(flat[0, slots], k, rtol=0, atol=0)
+    torch.testing.assert_close(flat[1, slots], v, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@needs_parallel_compile
+def test_on_cuda_the_warm_up_compiles_its_kernels_at_once_then_launches_them_compiling_nothing(monkeypatch):
+    """The first pass hands every compile to the pool before any ends, so the pool's first two compiles meet at a
+    barrier before compiling (with one compile thread, or a first pass that launches and so waits for each compile,
+    the first waits for the second until the barrier breaks: a failed step). The second pass launches: a kernel it
+    compiles is a specialisation the first pass's launches missed, compiled on the warm-up's thread alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    compiles = _triton_compiles(monkeypatch)
+    barrier, submitted = threading.Barrier(2, timeout=20), []
+
+    class MeetingPool(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            submitted.append(fn)
+            if len(submitted) > 2:
+                return super().submit(fn, *args, **kwargs)
+
+            def meet():
+                barrier.wait()
+                return fn(*args, **kwargs)
+
+            return super().submit(meet)
+
+    monkeypatch.setattr(kernel_launch, "ThreadPoolExecutor", MeetingPool)
+    runner = _runner(device="cuda", dtype=torch.bfloat16)
+    kernels = KernelWarmUp(runner.model, **SIZES)
+    kernels.start()
+    kernels.wait()
+    assert kernels.error is None, f"the warm-up's step failed: {kernels.error!r}"
+    assert {thread for thread, _, _ in compiles} == {KernelWarmUp.THREAD_NAME}
+    launched = sorted({name for _, name, inside in compiles if not inside})
+    assert not launched, f"compiled by the warm-up's launching pass: {launched}"
+    names = {name for _, name, _ in compiles}
+    assert len(submitted) >= len(names) >= 5, f"{len(submitted)} compiles handed to the pool for {sorted(names)}"
+    assert 0 < kernels.compile_s < kernels.step_s
 
 
 @pytest.mark.gpu
@@ -297,10 +366,11 @@ def test_on_cuda_every_kernel_a_warm_up_and_its_steps_launch_is_compiled_on_the_
     runner = _runner(mode, device="cuda", dtype=torch.bfloat16)
     stats = runner.warm_up()
     assert stats.kernel_warm_up_s > 0, "no kernel warm-up ran"
+    assert 0 < stats.kernel_compile_s < stats.kernel_warm_up_s, "the warm-up's step had no compile-only pass"
     prefill_and_decode({"run": runner}, [[1, 2, 3], [4, 5, 6, 7, 8]], num_decode=3, leader="run")
-    on_main = sorted({name for thread, name in compiles if thread != KernelWarmUp.THREAD_NAME})
+    on_main = sorted({name for thread, name, _ in compiles if thread != KernelWarmUp.THREAD_NAME})
     assert not on_main, f"compiled on the runner's thread, after the warm-up's step: {on_main}"
-    compiled = {name for _, name in compiles}
+    compiled = {name for _, name, _ in compiles}
     expected = {"_rms_norm_kernel", "_rotary_kernel", "_gated_kernel"}
     expected |= {"_decode_attention_kernel", "_prefill_attention_kernel"}
     assert expected <= compiled, f"never compiled: {sorted(expected - compiled)}"

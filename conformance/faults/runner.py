@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import types
 from unittest import mock
 
 import torch
@@ -15,6 +16,7 @@ from reference.engine import kernel_warm_up, llm_engine
 from reference.engine.llm_engine import LLMEngine
 from reference.engine.runner import ModelRunner
 from reference.engine.scheduler import Scheduler
+from reference.ops import kernel_launch
 from reference.ops.attention_metadata import AttentionMetadata
 
 _real_slot_mapping = AttentionMetadata.slot_mapping_list
@@ -187,6 +189,12 @@ def _prefill_alone(max_num_seqs, max_model_len):
     return [2], [2], [0]
 
 
+def _launcher_that_always_launches(kernel, grid):
+    """The launcher ignores ``compile_only``: the warm-up's first pass launches each kernel, waiting for its
+    compile first, one after another."""
+    return kernel[grid]
+
+
 def _wanted_whatever_the_compiler(device, config):
     """The kernel warm-up's choice without ``use_inductor``: an Inductor start pays for a step it does not need."""
     return device.type in kernel_warm_up.DEVICE_TYPES
@@ -356,5 +364,31 @@ FAULTS = [
         "own, so the step only takes the interpreter's lock from Inductor's compile",
         plant=patches(mock.patch.object(kernel_warm_up, "wanted", _wanted_whatever_the_compiler)),
         tests="test_the_runner_warms_up_no_kernels_for_inductor",
+    ),
+    Fault(
+        id="kernel-warm-up-compiles-on-one-thread",
+        kind="runner",
+        description="the kernel warm-up hands its compiles to a pool of one thread, so they run one after another "
+        "as before the pool",
+        plant=patches(mock.patch.object(kernel_warm_up, "COMPILE_WORKERS", 1)),
+        tests="test_on_cuda_the_warm_up_compiles_its_kernels_at_once",
+        device="cuda",
+    ),
+    Fault(
+        id="compile-only-switch-shared-by-every-thread",
+        kind="runner",
+        description="compile_only's switch is one flag for the process, not one per thread: while the kernel "
+        "warm-up compiles, every other thread's launches compile too and launch nothing",
+        plant=patches(mock.patch.object(kernel_launch, "_thread", types.SimpleNamespace(compiling=False))),
+        tests="test_compile_only_is_the_switch_of_its_own_thread_alone",
+    ),
+    Fault(
+        id="compile-only-pass-launches",
+        kind="runner",
+        description="the launcher ignores compile_only: the warm-up's first pass launches its kernels (writing the "
+        "KV cache) and compiles them one at a time",
+        plant=patches(mock.patch.object(kernel_launch, "launcher", _launcher_that_always_launches)),
+        tests="test_on_cuda_a_launch_inside_compile_only",
+        device="cuda",
     ),
 ]

@@ -195,9 +195,10 @@ MODULES: dict[str, Module] = {
     ),
     "ops.launch": Module(
         # the programmatic-dependent-launch switch; on a CPU the capability and device lines are not reached (the
-        # kernels' own wait is the PTX rule's and the catalogue's business on a GPU)
-        sources=("reference/ops/dependent_launch.py",),
-        tests=("conformance/test_dependent_launch.py",),
+        # kernels' own wait is the PTX rule's and the catalogue's business on a GPU); the launcher and its
+        # compile-only switch, against a stand-in for Triton's parallel compile
+        sources=("reference/ops/dependent_launch.py", "reference/ops/kernel_launch.py"),
+        tests=("conformance/test_dependent_launch.py", "conformance/test_kernel_launch.py"),
     ),
     "ops.metadata": Module(
         # what attention reads per step, built on the host: the step metadata and a full graph's tables (their

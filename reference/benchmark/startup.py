@@ -68,7 +68,7 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
 
     Returns:
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
-        (seconds), ``compile_cache_hits``, ``kernel_warm_up_s`` / ``_wait_s`` (the runner's
+        (seconds), ``compile_cache_hits``, ``kernel_warm_up_s`` / ``_wait_s``, ``kernel_compile_s`` (the runner's
         :class:`~reference.engine.runner.StartupStats`), ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``,
         ``compilation_config`` (the config the start ran, resolved), ``dtype``.
 
@@ -143,6 +143,7 @@ def _child(spec: dict) -> dict:
         "compile_cache_hits": compilation_counter.num_cache_hits,
         "kernel_warm_up_s": stats.kernel_warm_up_s,
         "kernel_warm_up_wait_s": stats.kernel_warm_up_wait_s,
+        "kernel_compile_s": stats.kernel_compile_s,
         "inductor_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
         "inductor_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
         "capture_sizes": list(stats.capture_sizes),

@@ -1,4 +1,4 @@
-"""Compile the custom ops' Triton kernels on a thread while Dynamo traces the model (issue 22's cold start).
+"""Compile the custom ops' Triton kernels on threads while Dynamo traces the model (issue 22's cold start).
 
 Triton compiles a kernel at its first launch. Without this module a cold start launched each custom-op kernel
 for the first time after the trace, in the first forward of the split graph, and compiled them one after another
@@ -7,10 +7,19 @@ phase, against about 3.5 s of Dynamo's trace, which launches nothing (it runs on
 
 :class:`KernelWarmUp` runs one small eager step of the model on a thread of its own (a decode beside a two-token
 prefill, so both attention kernels compile, and every norm, rotary and activation kernel of every layer kind
-with them), under its own forward context (contexts are per thread). Part of Triton's compile (LLVM, ``ptxas``)
-runs outside the interpreter's lock and overlaps the trace; its code generator is Python and takes turns with the
-trace, so the step takes longer than its compiles alone (perf/NOTES.md v39, where Inductor's own Python loses
-more to it than the step saves). The backend calls :meth:`KernelWarmUp.wait`
+with them), under its own forward context (contexts are per thread), twice:
+
+1. with every launch turned into a compile (:func:`reference.ops.kernel_launch.compile_only`): each kernel
+   specialisation the step would launch compiles on a pool of ``COMPILE_WORKERS`` threads, all at once, and
+   nothing is launched. Compiled one after another on the warm-up's thread they took 2.9-3.5 s beside a stamped
+   8B trace (perf/NOTES.md v44), long after the trace had ended; where Triton lacks the parallel compile
+   (:func:`~reference.ops.kernel_launch.supported`) this pass is skipped and the second compiles them;
+2. with real launches, which find every kernel compiled: it loads them onto the device and is what a first
+   piece run would have launched.
+
+Part of Triton's compile (LLVM, ``ptxas``) runs outside the interpreter's lock and overlaps the trace; its code
+generator is Python and takes turns with the trace (perf/NOTES.md v39, where Inductor's own Python loses more to
+it than the step saves). The backend calls :meth:`KernelWarmUp.wait`
 before any piece runs (``PiecewiseBackend.before_first_run``): no piece's first run compiles a kernel twice, and
 no capture meets the thread's launches (a launch from another thread during a capture in torch's default
 ``'global'`` error mode invalidates it).
@@ -19,13 +28,15 @@ Not covered: ``cudagraph_mode='full'``'s attention inside full graphs of every s
 variable-length kernel and the decode kernel without zeroed padding rows) compiles at the first capture, as
 before; the eager step takes the piecewise path's kernels.
 
-The step writes its keys and values into KV-cache rows 0 and 1 (positions 0 and 1); the warm-up's own dummy steps
-write there too, and every real sequence rewrites its slots before reading them.
+The second step writes its keys and values into KV-cache rows 0 and 1 (positions 0 and 1); the warm-up's own
+dummy steps write there too, and every real sequence rewrites its slots before reading them. The first writes
+nothing a kernel would have written: its attention reads no cache and its outputs are left as allocated.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
@@ -35,10 +46,13 @@ from torch import nn
 from reference.compilation import key_prefetch
 from reference.config import CompilationConfig
 from reference.forward_context import ForwardContext, set_forward_context
-from reference.ops import Attention, AttentionMetadata
+from reference.ops import Attention, AttentionMetadata, kernel_launch
 
 # Device types whose custom ops compile a kernel at its first launch (Triton's); the runner warms up only these.
 DEVICE_TYPES = frozenset({"cuda"})
+# Threads compiling the step's kernels: a step has 6-12 specialisations (the 8B's: 6), and v35 measured eight
+# compiles at 0.84 s on 8 threads and 0.77 s on 16 (perf/NOTES.md); more than the machine's CPUs cannot help.
+COMPILE_WORKERS = min(16, os.cpu_count() or 1)
 
 
 def wanted(device: torch.device, config: CompilationConfig) -> bool:
@@ -80,7 +94,8 @@ class KernelWarmUp:
 
     Attributes:
         thread: the ``threading.Thread`` (named ``'kernel-warm-up'``), None before :meth:`start`.
-        step_s: seconds the step took on its thread (0.0 until it ends).
+        step_s: seconds the step took on its thread, both passes (0.0 until it ends).
+        compile_s: seconds of the compile-only pass, inside ``step_s`` (0.0 where it did not run).
         waited_s: seconds :meth:`wait` blocked in all (the part of the step the trace did not hide).
         error: the exception the step raised, else None (read it after :meth:`wait`).
     """
@@ -92,7 +107,7 @@ class KernelWarmUp:
         self.step = warm_up_step(max_num_seqs, max_model_len)
         self.max_model_len = max_model_len
         self.thread: threading.Thread | None = None
-        self.step_s = self.waited_s = 0.0
+        self.step_s = self.compile_s = self.waited_s = 0.0
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -130,5 +145,11 @@ class KernelWarmUp:
         # Triton launches on this thread's current device, which need not be the main thread's
         with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
             with set_forward_context(ForwardContext(metadata, layers, "NONE")):
-                self.model(input_ids, torch.tensor(positions, device=device))
+                position_ids = torch.tensor(positions, device=device)  # [T]
+                if kernel_launch.supported():
+                    start = time.perf_counter()
+                    with kernel_launch.compile_only(COMPILE_WORKERS):
+                        self.model(input_ids, position_ids)  # compiles every kernel it would launch, launching none
+                    self.compile_s = time.perf_counter() - start
+                self.model(input_ids, position_ids)  # launches them, each compiled now
             _launches_done(device)

@@ -72,6 +72,8 @@ class StartupStats:
             (:mod:`.kernel_warm_up`; 0.0 where none ran: a CPU, level 0 or 1, Inductor, a compile-cache hit,
             another implementation's model).
         kernel_warm_up_wait_s: seconds the compile waited for that step after the trace (the part not hidden).
+        kernel_compile_s: seconds of that step's first pass, which compiles its kernels on a pool of threads
+            without launching them, inside ``kernel_warm_up_s`` (0.0 where it did not run).
     """
 
     compile_s: float = 0.0
@@ -82,6 +84,7 @@ class StartupStats:
     compile_cache_hits: int = 0
     kernel_warm_up_s: float = 0.0
     kernel_warm_up_wait_s: float = 0.0
+    kernel_compile_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -465,6 +468,7 @@ class ModelRunner:
             self.compiled.before_trace = backend.before_first_run = None
             kernels.wait()
         self.startup.kernel_warm_up_s, self.startup.kernel_warm_up_wait_s = kernels.step_s, kernels.waited_s
+        self.startup.kernel_compile_s = kernels.compile_s
         if kernels.error is not None:
             error = kernels.error
             warnings.warn(

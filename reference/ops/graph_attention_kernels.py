@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.ops import dependent_launch
+from reference.ops import dependent_launch, kernel_launch
 from reference.ops.triton_kernels import _await_inputs, _online_softmax_step, _scores
 
 
@@ -62,7 +62,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slo
         raise ValueError(f"kv_cache: expected contiguous [R, L, Hkv, D] planes, got strides {kv_cache.stride()}")
     width = kv_heads * d
     pdl = dependent_launch.enabled(k.device)
-    _write_kv_cache_kernel[(slots.shape[0],)](
+    kernel_launch.launcher(_write_kv_cache_kernel, (slots.shape[0],))(
         k, v, kv_cache, slots, k.stride(0), v.stride(0), kv_cache.stride(0), kv_cache.stride(2),
         WIDTH=width, BLOCK=triton.next_power_of_2(width), PDL=pdl, launch_pdl=pdl,
     )  # fmt: skip
@@ -161,7 +161,7 @@ def varlen_attention(
     block_q = max(1, (64 if d <= 128 else 32) // group_pad)
     grid = (num_tokens // block_q + num_seqs, kv_heads)
     pdl = dependent_launch.enabled(q.device)
-    _varlen_attention_kernel[grid](
+    kernel_launch.launcher(_varlen_attention_kernel, grid)(
         q, kv_cache, out, cu_query_lens, seq_lens, rows,
         q.stride(0), out.stride(0), num_seqs,
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.ops import dependent_launch
+from reference.ops import dependent_launch, kernel_launch
 from reference.ops.linear_configs import MAX_ROWS, check_config, row_tile, tuned_config
 from reference.ops.triton_kernels import _await_inputs
 
@@ -339,7 +339,7 @@ def small_m_linear(
     pdl = dependent_launch.enabled(x.device)
     lines = max(1, cfg["BLOCK_K"] * x.element_size() // _LINE)  # a power of two: BLOCK_K and itemsize are
     if m:
-        _small_m_linear_kernel[(tiles, split)](
+        kernel_launch.launcher(_small_m_linear_kernel, (tiles, split))(
             x, weight, out, res, g, partial, _counters(x.device),
             m, n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset, k_per_split,
             NORM=norm is not None, EPILOGUE=EPILOGUES.index(epilogue),

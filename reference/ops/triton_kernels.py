@@ -11,6 +11,9 @@ sequences) and pointers a kernel reads scalars through (per-sequence metadata) a
 (``do_not_specialize``, ``do_not_specialize_on_alignment``), here and in the modules beside this one, so that
 a cold start compiles each kernel once per model shape (conformance/test_kernel_variants.py; perf/NOTES.md v35).
 
+Every kernel here and in the modules beside this one launches through :func:`reference.ops.kernel_launch.launcher`,
+so that the runner's kernel warm-up can compile a step's kernels on a pool of threads without launching them.
+
 With ``REFERENCE_PDL=1`` on Hopper and newer GPUs, every kernel here and in the modules beside this one launches with
 programmatic dependent launch and waits for the kernel before it at its top (``_await_inputs``;
 :mod:`reference.ops.dependent_launch`, off by default: it measured slower).
@@ -36,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.ops import dependent_launch
+from reference.ops import dependent_launch, kernel_launch
 
 
 def _launch_params(block: int) -> int:
@@ -91,7 +94,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     res = residual if residual is not None else x
     if t * heads:
         pdl = dependent_launch.enabled(x.device)
-        _rms_norm_kernel[(t * heads,)](
+        kernel_launch.launcher(_rms_norm_kernel, (t * heads,))(
             x, res, weight, out, res_out, x.stride(0), head_stride, heads, res.stride(0), h, eps, weight_offset,
             HAS_RESIDUAL=residual is not None, OFFSET_STYLE=weight_offset != 0.0, BLOCK=block, PDL=pdl,
             num_warps=_launch_params(block), launch_pdl=pdl,
@@ -126,7 +129,7 @@ def gated_activation(x: torch.Tensor, gelu: bool) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if t:
         pdl = dependent_launch.enabled(x.device)
-        _gated_kernel[(t, triton.cdiv(inter, block))](
+        kernel_launch.launcher(_gated_kernel, (t, triton.cdiv(inter, block)))(
             x, out, x.stride(0), inter, GELU=gelu, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
         )
     return out
@@ -203,7 +206,7 @@ def rotary(
     q_w, k_w, eps, offset = norm if norm is not None else (q, k, 0.0, 0.0)  # weights unread without NORM
     if t:
         pdl = dependent_launch.enabled(q.device)
-        _rotary_kernel[(t,)](
+        kernel_launch.launcher(_rotary_kernel, (t,))(
             positions, q, k, q_out, k_out, cache, q_w, k_w, q.stride(0), k.stride(0), q_heads, k_heads,
             cache.stride(0), eps, offset,
             HALF=head_size // 2, BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
@@ -319,7 +322,7 @@ def decode_attention(
     _, _, _, kv_heads, d = kv_cache.shape
     group = q.shape[1] // (kv_heads * d)
     pdl = dependent_launch.enabled(q.device)
-    _decode_attention_kernel[(b, kv_heads)](
+    kernel_launch.launcher(_decode_attention_kernel, (b, kv_heads))(
         q, k, v, kv_cache, rows, seq_lens, out,
         q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -411,7 +414,7 @@ def prefill_attention(
     block_n = 64 if d <= 64 else 32
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), heads)
     pdl = dependent_launch.enabled(q.device)
-    _prefill_attention_kernel[grid](
+    kernel_launch.launcher(_prefill_attention_kernel, grid)(
         q, kv_cache, out, seqs,
         q.stride(0), out.stride(0), num_seqs,
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),

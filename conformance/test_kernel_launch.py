@@ -1,0 +1,177 @@
+"""Every custom-op kernel launches through ``kernel_launch.launcher``, which can compile instead (issue 22).
+
+The runner's kernel warm-up compiles a step's Triton kernels on a pool of threads by running the step once with
+each launch turned into Triton's ``warmup`` inside Triton's ``AsyncCompileMode``
+(:func:`reference.ops.kernel_launch.compile_only`). The rules: outside the block a launch is ``kernel[grid](...)``
+with its arguments untouched; inside, on that thread only, the same call is ``kernel.warmup(..., grid=grid)``
+with the same arguments (Triton picks the specialisation from them, so one dropped would compile a kernel the
+real launch does not find); the block hands Triton a pool of the threads asked for and leaves Triton's mode,
+then the switch, on the way out, an error too; and no kernel in :mod:`reference.ops` launches any other way.
+
+Triton's mode is a stand-in here, so these rules run on a CPU; ``conformance/test_kernel_warm_up.py`` runs the
+real one on CUDA.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from reference.ops import kernel_launch
+
+pytestmark = pytest.mark.requires("components")
+
+
+class FakeKernel:
+    """Stands for a ``triton.JITFunction``: records each launch (``kernel[grid](...)``) and each compile without a
+    launch (``kernel.warmup(..., grid=...)``) as ``(what, grid, args, kwargs, thread name)``."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._record("launch", grid, args, kwargs)
+
+    def warmup(self, *args, grid, **kwargs):
+        self._record("compile", grid, args, kwargs)
+
+    def _record(self, what, grid, args, kwargs):
+        self.calls.append((what, grid, args, kwargs, threading.current_thread().name))
+
+
+@pytest.fixture
+def triton_mode(monkeypatch) -> list:
+    """Triton's ``AsyncCompileMode`` replaced by a stand-in that appends ``('made', pool's max workers)``,
+    ``'enter'`` and ``'exit'`` to the returned list, and submits one job to its pool on entry (``'job'``, with
+    the name of the pool thread that ran it), as Triton's mode hands each compile to the pool."""
+    events: list = []
+
+    class AsyncCompileMode:
+        def __init__(self, executor):
+            events.append(("made", executor._max_workers))
+            self.executor = executor
+
+        def __enter__(self):
+            events.append("enter")
+            self.executor.submit(lambda: events.append(("job", threading.current_thread().name))).result()
+            return self
+
+        def __exit__(self, *exc_info):
+            events.append("exit")
+
+    module = types.ModuleType("stand_in_async_compile")
+    module.AsyncCompileMode = AsyncCompileMode
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(kernel_launch, "_ASYNC_COMPILE", module.__name__)
+    return events
+
+
+ARGS, KWARGS = (1, "x", 2.5), {"BLOCK": 64, "num_warps": 4, "launch_pdl": False}
+
+
+def test_outside_compile_only_a_launch_is_the_kernels_own_with_its_arguments_untouched():
+    kernel = FakeKernel()
+    kernel_launch.launcher(kernel, (3, 2))(*ARGS, **KWARGS)
+    assert kernel.calls == [("launch", (3, 2), ARGS, KWARGS, "MainThread")]
+    assert not kernel_launch.compiling_only()
+
+
+def test_inside_compile_only_a_launch_compiles_with_the_same_arguments_and_launches_nothing(triton_mode):
+    kernel = FakeKernel()
+    with kernel_launch.compile_only(workers=3):
+        assert kernel_launch.compiling_only()
+        assert triton_mode[:2] == [("made", 3), "enter"], "Triton's mode was not entered with a pool of 3 threads"
+        assert triton_mode[2][1].startswith(kernel_launch.WORKER_PREFIX)
+        kernel_launch.launcher(kernel, (5,))(*ARGS, **KWARGS)
+        assert "exit" not in triton_mode
+    assert triton_mode[-1] == "exit"
+    assert not kernel_launch.compiling_only()
+    kernel_launch.launcher(kernel, (5,))(*ARGS, **KWARGS)  # launches again after the block
+    assert kernel.calls == [
+        ("compile", (5,), ARGS, KWARGS, "MainThread"),
+        ("launch", (5,), ARGS, KWARGS, "MainThread"),
+    ]
+
+
+def test_compile_only_is_the_switch_of_its_own_thread_alone(triton_mode):
+    kernel, inside, done = FakeKernel(), threading.Event(), threading.Event()
+
+    def compiling_thread():
+        with kernel_launch.compile_only(workers=1):
+            kernel_launch.launcher(kernel, (1,))("warm-up")
+            inside.set()
+            done.wait(timeout=30)
+
+    thread = threading.Thread(target=compiling_thread, name="compiling")
+    thread.start()
+    assert inside.wait(timeout=30)
+    kernel_launch.launcher(kernel, (1,))("main")  # while the other thread is inside its block
+    done.set()
+    thread.join(timeout=30)
+    assert [(what, args, name) for what, _, args, _, name in kernel.calls] == [
+        ("compile", ("warm-up",), "compiling"),
+        ("launch", ("main",), "MainThread"),
+    ]
+
+
+def test_an_error_inside_compile_only_leaves_triton_s_mode_and_the_switch(triton_mode):
+    with pytest.raises(ValueError, match="planted"):
+        with kernel_launch.compile_only(workers=2):
+            raise ValueError("planted")
+    assert triton_mode[-1] == "exit"
+    assert not kernel_launch.compiling_only()
+    kernel = FakeKernel()
+    kernel_launch.launcher(kernel, (1,))()
+    assert kernel.calls[0][0] == "launch"
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_compile_only_refuses_a_pool_of_no_threads_in_one_line(workers):
+    with pytest.raises(ValueError, match=rf"^workers: expected at least 1, got {workers}$"):
+        with kernel_launch.compile_only(workers):
+            pass
+
+
+def test_compile_only_refuses_to_nest(triton_mode):
+    with kernel_launch.compile_only(workers=1):
+        with pytest.raises(RuntimeError, match="already inside compile_only on this thread"):
+            with kernel_launch.compile_only(workers=1):
+                pass
+        assert kernel_launch.compiling_only(), "the refused inner block switched the outer one off"
+    assert not kernel_launch.compiling_only()
+
+
+@pytest.mark.parametrize("module", ["no_such_module_anywhere", "types"])  # missing, or without the mode
+def test_without_triton_s_parallel_compile_compile_only_says_so_in_one_line(monkeypatch, module):
+    monkeypatch.setattr(kernel_launch, "_ASYNC_COMPILE", module)
+    assert not kernel_launch.supported()
+    with pytest.raises(RuntimeError, match=r"^compile_only: this Triton has no .*AsyncCompileMode \(Triton 3\.4\+\)$"):
+        with kernel_launch.compile_only(workers=2):
+            pass
+    assert not kernel_launch.compiling_only()
+
+
+def test_supported_says_whether_the_module_has_the_mode(triton_mode):
+    assert kernel_launch.supported()
+
+
+KERNEL_MODULES = ("triton_kernels.py", "graph_attention_kernels.py", "linear_kernels.py")
+
+
+@pytest.mark.parametrize("name", KERNEL_MODULES)
+def test_every_kernel_of_reference_ops_launches_through_the_launcher(name):
+    """A kernel launched as ``_kernel[grid](...)`` launches inside the warm-up's compile-only pass, one compile
+    after another on the warm-up's thread, and writes its outputs while the step's others are left as allocated."""
+    source = (Path(kernel_launch.__file__).parent / name).read_text()
+    kernels = set(re.findall(r"@triton\.jit(?:\(.*\))?\s*\ndef (\w+)", source))
+    assert kernels, f"{name}: no Triton kernel found"
+    direct = sorted(set(re.findall(r"\b(\w+)\[[^\]\n]*\]\(", source)) & kernels)
+    assert not direct, f"{name}: launched without kernel_launch.launcher: {direct}"
+    launched = set(re.findall(r"kernel_launch\.launcher\((\w+),", source))
+    assert launched, f"{name}: no launch through kernel_launch.launcher"
+    assert launched <= kernels
