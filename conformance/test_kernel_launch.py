@@ -44,11 +44,23 @@ class FakeKernel:
         self.calls.append((what, grid, args, kwargs, threading.current_thread().name))
 
 
+class CompiledStandIn:
+    """What a compile returns: a kernel whose ``_init_handles`` (Triton's: build its launcher, load its binary)
+    appends the name of the thread that called it to ``readied``."""
+
+    def __init__(self):
+        self.readied: list[str] = []
+
+    def _init_handles(self):
+        self.readied.append(threading.current_thread().name)
+
+
 @pytest.fixture
 def triton_mode(monkeypatch) -> list:
     """Triton's ``AsyncCompileMode`` replaced by a stand-in that appends ``('made', pool's max workers)``,
-    ``'enter'`` and ``'exit'`` to the returned list, and submits one job to its pool on entry (``'job'``, with
-    the name of the pool thread that ran it), as Triton's mode hands each compile to the pool."""
+    ``'enter'`` and ``'exit'`` to the returned list, and hands its pool two compiles on entry, as Triton's mode
+    hands it each compile: one returning a :class:`CompiledStandIn`, one returning None (a kernel with nothing to
+    ready); ``('compiled', kernel)`` is appended for each."""
     events: list = []
 
     class AsyncCompileMode:
@@ -58,7 +70,10 @@ def triton_mode(monkeypatch) -> list:
 
         def __enter__(self):
             events.append("enter")
-            self.executor.submit(lambda: events.append(("job", threading.current_thread().name))).result()
+            for kernel in (CompiledStandIn(), None):
+                compiled = self.executor.submit(lambda k=kernel: k).result()
+                assert compiled is kernel, "the pool did not return what the compile returned"
+                events.append(("compiled", kernel))
             return self
 
         def __exit__(self, *exc_info):
@@ -83,10 +98,9 @@ def test_outside_compile_only_a_launch_is_the_kernels_own_with_its_arguments_unt
 
 def test_inside_compile_only_a_launch_compiles_with_the_same_arguments_and_launches_nothing(triton_mode):
     kernel = FakeKernel()
-    with kernel_launch.compile_only(workers=3):
+    with kernel_launch.compile_only(workers=3, device="cpu"):
         assert kernel_launch.compiling_only()
         assert triton_mode[:2] == [("made", 3), "enter"], "Triton's mode was not entered with a pool of 3 threads"
-        assert triton_mode[2][1].startswith(kernel_launch.WORKER_PREFIX)
         kernel_launch.launcher(kernel, (5,))(*ARGS, **KWARGS)
         assert "exit" not in triton_mode
     assert triton_mode[-1] == "exit"
@@ -98,11 +112,22 @@ def test_inside_compile_only_a_launch_compiles_with_the_same_arguments_and_launc
     ]
 
 
+def test_the_pool_readies_each_kernel_it_compiled_on_its_own_thread(triton_mode):
+    """Readying a kernel (its launcher built with the C compiler, its binary loaded) at its first launch took
+    0.87-0.92 s of the warm-up's launching pass for six kernels on the H100 (perf/NOTES.md v45)."""
+    with kernel_launch.compile_only(workers=2, device="cpu"):
+        compiled = [event for event in triton_mode if event[0] == "compiled"]
+    assert len(compiled) == 2
+    ready_kernel = compiled[0][1]
+    assert len(ready_kernel.readied) == 1, "readied more or less than once"
+    assert ready_kernel.readied[0].startswith(kernel_launch.WORKER_PREFIX), "readied outside the pool"
+
+
 def test_compile_only_is_the_switch_of_its_own_thread_alone(triton_mode):
     kernel, inside, done = FakeKernel(), threading.Event(), threading.Event()
 
     def compiling_thread():
-        with kernel_launch.compile_only(workers=1):
+        with kernel_launch.compile_only(workers=1, device="cpu"):
             kernel_launch.launcher(kernel, (1,))("warm-up")
             inside.set()
             done.wait(timeout=30)
@@ -121,7 +146,7 @@ def test_compile_only_is_the_switch_of_its_own_thread_alone(triton_mode):
 
 def test_an_error_inside_compile_only_leaves_triton_s_mode_and_the_switch(triton_mode):
     with pytest.raises(ValueError, match="planted"):
-        with kernel_launch.compile_only(workers=2):
+        with kernel_launch.compile_only(workers=2, device="cpu"):
             raise ValueError("planted")
     assert triton_mode[-1] == "exit"
     assert not kernel_launch.compiling_only()
@@ -133,14 +158,14 @@ def test_an_error_inside_compile_only_leaves_triton_s_mode_and_the_switch(triton
 @pytest.mark.parametrize("workers", [0, -1])
 def test_compile_only_refuses_a_pool_of_no_threads_in_one_line(workers):
     with pytest.raises(ValueError, match=rf"^workers: expected at least 1, got {workers}$"):
-        with kernel_launch.compile_only(workers):
+        with kernel_launch.compile_only(workers, device="cpu"):
             pass
 
 
 def test_compile_only_refuses_to_nest(triton_mode):
-    with kernel_launch.compile_only(workers=1):
+    with kernel_launch.compile_only(workers=1, device="cpu"):
         with pytest.raises(RuntimeError, match="already inside compile_only on this thread"):
-            with kernel_launch.compile_only(workers=1):
+            with kernel_launch.compile_only(workers=1, device="cpu"):
                 pass
         assert kernel_launch.compiling_only(), "the refused inner block switched the outer one off"
     assert not kernel_launch.compiling_only()
@@ -151,7 +176,7 @@ def test_without_triton_s_parallel_compile_compile_only_says_so_in_one_line(monk
     monkeypatch.setattr(kernel_launch, "_ASYNC_COMPILE", module)
     assert not kernel_launch.supported()
     with pytest.raises(RuntimeError, match=r"^compile_only: this Triton has no .*AsyncCompileMode \(Triton 3\.4\+\)$"):
-        with kernel_launch.compile_only(workers=2):
+        with kernel_launch.compile_only(workers=2, device="cpu"):
             pass
     assert not kernel_launch.compiling_only()
 

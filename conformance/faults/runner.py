@@ -195,6 +195,12 @@ def _launcher_that_always_launches(kernel, grid):
     return kernel[grid]
 
 
+def _compiled_left_unready(compile_kernel, device, *args, **kwargs):
+    """The compile pool returns each kernel as compiled, not readied: its launcher is built (with the C compiler)
+    and its binary loaded at its first launch, one kernel after another on the launching thread."""
+    return compile_kernel(*args, **kwargs)
+
+
 def _wanted_whatever_the_compiler(device, config):
     """The kernel warm-up's choice without ``use_inductor``: an Inductor start pays for a step it does not need."""
     return device.type in kernel_warm_up.DEVICE_TYPES
@@ -381,6 +387,15 @@ FAULTS = [
         "warm-up compiles, every other thread's launches compile too and launch nothing",
         plant=patches(mock.patch.object(kernel_launch, "_thread", types.SimpleNamespace(compiling=False))),
         tests="test_compile_only_is_the_switch_of_its_own_thread_alone",
+    ),
+    Fault(
+        id="compile-pool-leaves-its-kernels-unready",
+        kind="runner",
+        description="the kernel warm-up's compile pool leaves each kernel's launcher and binary to its first "
+        "launch, so the warm-up's launching pass builds them one after another",
+        plant=patches(mock.patch.object(kernel_launch, "_compiled_and_ready", _compiled_left_unready)),
+        tests="test_on_cuda_the_warm_up_compiles_its_kernels_at_once",
+        device="cuda",
     ),
     Fault(
         id="compile-only-pass-launches",

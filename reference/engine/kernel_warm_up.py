@@ -10,12 +10,13 @@ prefill, so both attention kernels compile, and every norm, rotary and activatio
 with them), under its own forward context (contexts are per thread), twice:
 
 1. with every launch turned into a compile (:func:`reference.ops.kernel_launch.compile_only`): each kernel
-   specialisation the step would launch compiles on a pool of ``COMPILE_WORKERS`` threads, all at once, and
-   nothing is launched. Compiled one after another on the warm-up's thread they took 2.9-3.5 s beside a stamped
-   8B trace (perf/NOTES.md v44), long after the trace had ended; where Triton lacks the parallel compile
+   specialisation the step would launch compiles on a pool of ``COMPILE_WORKERS`` threads, all at once, and is
+   readied there for its first launch (its launcher built, its binary loaded); nothing is launched. One after
+   another on the warm-up's thread, compiles and readying took 2.9-3.5 s beside a stamped 8B trace
+   (perf/NOTES.md v44), long after the trace had ended. Where Triton lacks the parallel compile
    (:func:`~reference.ops.kernel_launch.supported`) this pass is skipped and the second compiles them;
-2. with real launches, which find every kernel compiled: it loads them onto the device and is what a first
-   piece run would have launched.
+2. with real launches, which find every kernel compiled and ready: a kernel it compiles or readies itself is
+   one the first pass missed.
 
 Part of Triton's compile (LLVM, ``ptxas``) runs outside the interpreter's lock and overlaps the trace; its code
 generator is Python and takes turns with the trace (perf/NOTES.md v39, where Inductor's own Python loses more to
@@ -146,10 +147,10 @@ class KernelWarmUp:
         with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
             with set_forward_context(ForwardContext(metadata, layers, "NONE")):
                 position_ids = torch.tensor(positions, device=device)  # [T]
-                if kernel_launch.supported():
+                if on_cuda and kernel_launch.supported():  # Triton's device, and its parallel compile
                     start = time.perf_counter()
-                    with kernel_launch.compile_only(COMPILE_WORKERS):
+                    with kernel_launch.compile_only(COMPILE_WORKERS, device):
                         self.model(input_ids, position_ids)  # compiles every kernel it would launch, launching none
                     self.compile_s = time.perf_counter() - start
-                self.model(input_ids, position_ids)  # launches them, each compiled now
+                self.model(input_ids, position_ids)  # launches them, each compiled and loaded now
             _launches_done(device)

@@ -1,17 +1,22 @@
 """Launch a custom op's Triton kernel, or, on a thread inside :func:`compile_only`, compile it without launching.
 
-Triton compiles a kernel at its first launch, on the launching thread, one kernel after another. Most of a
-compile runs outside the interpreter's lock (MLIR's passes, LLVM, ``ptxas``), so compiles on several threads
-overlap: v35 in perf/NOTES.md measured the eight compiles of a cold 8B start at 2.25 s on one thread and 0.77 s
-on sixteen. :func:`compile_only` turns every launch a thread makes through :func:`launcher` into Triton's
-``warmup`` (the launch's specialisation compiled, nothing launched) inside Triton's ``AsyncCompileMode``, which
-hands each compile to a pool of threads and each specialisation to it once; leaving the block waits for them
-all and puts every compiled kernel into its kernel's cache. The runner's kernel warm-up runs one eager step of
-the model this way, then the same step again with real launches, which find every kernel compiled
+Triton compiles a kernel at its first launch, on the launching thread, one kernel after another, and then
+readies it for that launch: it builds the kernel's launcher (a C extension per argument signature, built with
+the host's C compiler, about 0.15 s a kernel on the H100 host: perf/NOTES.md v45) and loads its binary onto
+the device. Most of both runs outside the interpreter's lock (MLIR's passes, LLVM, ``ptxas``, the C compiler),
+so they overlap on several threads: v35 in perf/NOTES.md measured the eight compiles of a cold 8B start at
+2.25 s on one thread and 0.77 s on sixteen. :func:`compile_only` turns every launch a thread makes through
+:func:`launcher` into Triton's ``warmup`` (the launch's specialisation compiled, nothing launched) inside
+Triton's ``AsyncCompileMode``, which hands each compile to a :class:`CompilePool` and each specialisation to it
+once; the pool readies each kernel it compiled, and leaving the block waits for them all and puts every kernel
+into its kernel's cache. The runner's kernel warm-up runs one eager step of the model this way, then the same
+step again with real launches, which find every kernel compiled and ready
 (:mod:`reference.engine.kernel_warm_up`).
 
-The switch is per thread: another thread's launches launch as usual meanwhile. Importing this module needs no
-Triton; :func:`compile_only` imports it.
+The switch is per thread: another thread's launches launch as usual meanwhile. ``AsyncCompileMode`` and a
+compiled kernel's ``_init_handles`` (its launcher and binary) are Triton's own, not its public API: where a
+compiled kernel has no ``_init_handles`` it is readied at its first launch, as without this module. Importing
+this module needs no Triton; :func:`compile_only` imports it.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import contextlib
 import functools
 import importlib
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator
+
+import torch
 
 _thread = threading.local()  # .compiling: whether this thread is inside compile_only()
 
@@ -57,12 +64,39 @@ def supported() -> bool:
         return False
 
 
+class CompilePool(ThreadPoolExecutor):
+    """The threads Triton's ``AsyncCompileMode`` hands its compiles to (named ``WORKER_PREFIX_N``). Each job, once
+    its compile returns a kernel, readies it for its first launch on ``device`` (its ``_init_handles``, where it
+    has one: the launcher built, the binary loaded), so no launching thread pays for that after the compile.
+
+    Args:
+        workers: threads at most, at least 1.
+        device: where the kernels will launch (the compiling thread's current device).
+    """
+
+    def __init__(self, workers: int, device: torch.device):
+        super().__init__(max_workers=workers, thread_name_prefix=WORKER_PREFIX)
+        self.device = device
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return super().submit(_compiled_and_ready, fn, self.device, *args, **kwargs)
+
+
+def _compiled_and_ready(compile_kernel: Callable[..., Any], device: torch.device, *args: Any, **kwargs: Any) -> Any:
+    kernel = compile_kernel(*args, **kwargs)
+    ready = getattr(kernel, "_init_handles", None)
+    if ready is not None:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            ready()
+    return kernel
+
+
 @contextlib.contextmanager
-def compile_only(workers: int) -> Iterator[None]:
-    """On this thread, every launch through :func:`launcher` compiles on one of ``workers`` threads (named
-    ``WORKER_PREFIX-N``) and returns at once, launching nothing; tensors a kernel would have written keep what
-    they held. Leaving the block waits for every compile and puts each compiled kernel into its kernel's cache,
-    so the same launches afterwards compile nothing.
+def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
+    """On this thread, every launch through :func:`launcher` compiles on a :class:`CompilePool` of ``workers``
+    threads, which readies each kernel for ``device``, and returns at once, launching nothing; tensors a kernel
+    would have written keep what they held. Leaving the block waits for every compile and puts each compiled
+    kernel into its kernel's cache, so the same launches afterwards compile nothing.
 
     Raises:
         ValueError: ``workers`` below 1.
@@ -76,7 +110,7 @@ def compile_only(workers: int) -> Iterator[None]:
     if not supported():
         raise RuntimeError(f"compile_only: this Triton has no {_ASYNC_COMPILE}.AsyncCompileMode (Triton 3.4+)")
     mode = importlib.import_module(_ASYNC_COMPILE).AsyncCompileMode
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=WORKER_PREFIX) as pool:
+    with CompilePool(workers, torch.device(device)) as pool:
         _thread.compiling = True
         try:
             with mode(pool):  # its exit waits for every compile, then fills the kernels' caches
