@@ -94,9 +94,10 @@ def _compiled_and_ready(compile_kernel: Callable[..., Any], device: torch.device
 @contextlib.contextmanager
 def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
     """On this thread, every launch through :func:`launcher` compiles on a :class:`CompilePool` of ``workers``
-    threads, which readies each kernel for ``device``, and returns at once, launching nothing; tensors a kernel
-    would have written keep what they held. Leaving the block waits for every compile and puts each compiled
-    kernel into its kernel's cache, so the same launches afterwards compile nothing.
+    threads, which readies each kernel for ``device`` (``'cuda'`` alone: this thread's current device), and returns
+    at once, launching nothing; tensors a kernel would have written keep what they held. Leaving the block waits
+    for every compile and puts each compiled kernel into its kernel's cache, so the same launches afterwards
+    compile nothing.
 
     Raises:
         ValueError: ``workers`` below 1.
@@ -110,7 +111,10 @@ def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
     if not supported():
         raise RuntimeError(f"compile_only: this Triton has no {_ASYNC_COMPILE}.AsyncCompileMode (Triton 3.4+)")
     mode = importlib.import_module(_ASYNC_COMPILE).AsyncCompileMode
-    with CompilePool(workers, torch.device(device)) as pool:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # this thread's, not the pool threads' current device
+        device = torch.device("cuda", torch.cuda.current_device())
+    with CompilePool(workers, device) as pool:
         _thread.compiling = True
         try:
             with mode(pool):  # its exit waits for every compile, then fills the kernels' caches
