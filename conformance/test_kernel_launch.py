@@ -14,6 +14,7 @@ real one on CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -21,6 +22,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from reference.ops import kernel_launch
 
@@ -123,6 +125,27 @@ def test_the_pool_readies_each_kernel_it_compiled_on_its_own_thread(triton_mode)
     assert ready_kernel.readied[0].startswith(kernel_launch.WORKER_PREFIX), "readied outside the pool"
 
 
+@pytest.mark.parametrize("device, index", [("cuda", 3), ("cuda:1", 1)])
+def test_the_pool_readies_kernels_on_the_device_asked_for_and_cuda_alone_is_the_calling_threads(
+    triton_mode, monkeypatch, device, index
+):
+    """A pool thread's current CUDA device is device 0, whatever the compiling thread's: a kernel loaded there
+    would launch on no other. The calling thread's current device is 3 here."""
+    readied_on = []
+
+    @contextlib.contextmanager
+    def on_device(target):
+        readied_on.append((torch.device(target), threading.current_thread().name))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "device", on_device)
+    with kernel_launch.compile_only(workers=1, device=device):
+        pass
+    assert [d for d, _ in readied_on] == [torch.device("cuda", index)], "readied on another device, or not once"
+    assert readied_on[0][1].startswith(kernel_launch.WORKER_PREFIX)
+
+
 def test_compile_only_is_the_switch_of_its_own_thread_alone(triton_mode):
     kernel, inside, done = FakeKernel(), threading.Event(), threading.Event()
 
@@ -195,7 +218,7 @@ def test_every_kernel_of_reference_ops_launches_through_the_launcher(name):
     source = (Path(kernel_launch.__file__).parent / name).read_text()
     kernels = set(re.findall(r"@triton\.jit(?:\(.*\))?\s*\ndef (\w+)", source))
     assert kernels, f"{name}: no Triton kernel found"
-    direct = sorted(set(re.findall(r"\b(\w+)\[[^\]\n]*\]\(", source)) & kernels)
+    direct = sorted(k for k in kernels if re.search(rf"\b{k}\s*\[", source))  # kernel[grid], any grid
     assert not direct, f"{name}: launched without kernel_launch.launcher: {direct}"
     launched = set(re.findall(r"kernel_launch\.launcher\((\w+),", source))
     assert launched, f"{name}: no launch through kernel_launch.launcher"

@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     compilation_config_overrides (only with --compilation-config)}, "rows": [{"mode",
     "start" ('cold' | 'warm'), "import_s", "weights_s", "compile_s", "capture_s", "ready_s", "first_step_s",
     "compile_cache_hits", "kernel_warm_up_s", "kernel_warm_up_wait_s" (the kernel warm-up's step and the part
-    of it the trace did not hide, inside compile_s), "kernel_compile_s" (the step's parallel compiles, inside
-    kernel_warm_up_s), "inductor_cache_hits", "inductor_cache_misses",
+    of it the trace did not hide, inside compile_s), "kernel_compile_s" (the step's first pass: its kernels
+    compiled and readied on a pool, inside kernel_warm_up_s), "inductor_cache_hits", "inductor_cache_misses",
     "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used)}],
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether the
     modules of the compilers the modes use, Dynamo's and, with an Inductor mode, Inductor's, had bytecode before

@@ -11,7 +11,8 @@ with them), under its own forward context (contexts are per thread), twice:
 
 1. with every launch turned into a compile (:func:`reference.ops.kernel_launch.compile_only`): each kernel
    specialisation the step would launch compiles on a pool of ``COMPILE_WORKERS`` threads, all at once, and is
-   readied there for its first launch (its launcher built, its binary loaded); nothing is launched. One after
+   readied there for its first launch (its launcher built, its binary loaded); no Triton kernel is launched
+   (torch's own kernels, the embedding's and the GEMMs', run on whatever the outputs held). One after
    another on the warm-up's thread, compiles and readying took 2.9-3.5 s beside a stamped 8B trace
    (perf/NOTES.md v44), long after the trace had ended. Where Triton lacks the parallel compile
    (:func:`~reference.ops.kernel_launch.supported`) this pass is skipped and the second compiles them;
@@ -86,7 +87,8 @@ def _launches_done(device: torch.device) -> None:
 
 
 class KernelWarmUp:
-    """One eager step of ``model`` on a thread, to compile the Triton kernels its custom ops launch.
+    """One eager step of ``model`` on a thread, run twice (compiling only, then launching), to compile the Triton
+    kernels its custom ops launch.
 
     Args:
         model: ``forward(input_ids [T] int64, positions [T] int64) -> [T, H]``, its attention layers' KV caches
@@ -150,7 +152,7 @@ class KernelWarmUp:
                 if on_cuda and kernel_launch.supported():  # Triton's device, and its parallel compile
                     start = time.perf_counter()
                     with kernel_launch.compile_only(COMPILE_WORKERS, device):
-                        self.model(input_ids, position_ids)  # compiles every kernel it would launch, launching none
+                        self.model(input_ids, position_ids)  # compiles every Triton kernel, launching none of them
                     self.compile_s = time.perf_counter() - start
                 self.model(input_ids, position_ids)  # launches them, each compiled and loaded now
             _launches_done(device)

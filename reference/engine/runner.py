@@ -72,7 +72,7 @@ class StartupStats:
             (:mod:`.kernel_warm_up`; 0.0 where none ran: a CPU, level 0 or 1, Inductor, a compile-cache hit,
             another implementation's model).
         kernel_warm_up_wait_s: seconds the compile waited for that step after the trace (the part not hidden).
-        kernel_compile_s: seconds of that step's first pass, which compiles its kernels on a pool of threads
+        kernel_compile_s: seconds of that step's first pass, which compiles and readies its kernels on a pool of threads
             without launching them, inside ``kernel_warm_up_s`` (0.0 where it did not run).
     """
 

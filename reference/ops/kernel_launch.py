@@ -45,6 +45,10 @@ def launcher(kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
     Args:
         kernel: a ``triton.JITFunction``.
         grid: the launch grid, one to three program counts.
+
+    Returns:
+        The call: outside :func:`compile_only` Triton's launch (returning the compiled kernel), inside it
+        Triton's ``warmup`` (returning a future of the compiled kernel, or None).
     """
     if getattr(_thread, "compiling", False):
         return functools.partial(kernel.warmup, grid=grid)
@@ -96,13 +100,23 @@ def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
     """On this thread, every launch through :func:`launcher` compiles on a :class:`CompilePool` of ``workers``
     threads, which readies each kernel for ``device`` (``'cuda'`` alone: this thread's current device), and returns
     at once, launching nothing; tensors a kernel would have written keep what they held. Leaving the block waits
-    for every compile and puts each compiled kernel into its kernel's cache, so the same launches afterwards
-    compile nothing.
+    for every compile and, when all succeeded, puts each compiled kernel into its kernel's cache, so the same
+    launches afterwards compile nothing.
+
+    Args:
+        workers: pool threads, at least 1.
+        device: where the kernels will launch: the calling thread's current device (Triton compiles for, and
+            caches under, that device).
 
     Raises:
         ValueError: ``workers`` below 1.
-        RuntimeError: nested on one thread, or Triton has no ``AsyncCompileMode`` (:func:`supported`).
-        Exception: the first compile that failed, when the block is left (Triton's own error).
+        RuntimeError: nested on one thread, Triton has no ``AsyncCompileMode`` (:func:`supported`), or
+            Triton's mode is already active on this thread (Triton's own message).
+        Exception: a compile or readying that failed (the first to finish failing), when the block is left
+            (Triton's own error, e.g. its ``OutOfResources`` for a kernel that needs more shared memory than the
+            device has). Kernels not yet stored by then stay uncached, and Triton's mode stays set on this
+            thread (Triton's exit clears it only after every kernel is stored): the kernel warm-up's thread ends
+            there.
     """
     if workers < 1:
         raise ValueError(f"workers: expected at least 1, got {workers}")
