@@ -62,7 +62,8 @@ def triton_mode(monkeypatch) -> list:
     """Triton's ``AsyncCompileMode`` replaced by a stand-in that appends ``('made', pool's max workers)``,
     ``'enter'`` and ``'exit'`` to the returned list, and hands its pool two compiles on entry, as Triton's mode
     hands it each compile: one returning a :class:`CompiledStandIn`, one returning None (a kernel with nothing to
-    ready); ``('compiled', kernel)`` is appended for each."""
+    ready); ``('compiled', kernel)`` is appended for each. A third job checks that the pool passes a job its
+    arguments as given."""
     events: list = []
 
     class AsyncCompileMode:
@@ -76,6 +77,8 @@ def triton_mode(monkeypatch) -> list:
                 compiled = self.executor.submit(lambda k=kernel: k).result()
                 assert compiled is kernel, "the pool did not return what the compile returned"
                 events.append(("compiled", kernel))
+            passed = self.executor.submit(lambda *args, **kwargs: (args, kwargs), 1, 2, key=3).result()
+            assert passed == ((1, 2), {"key": 3}), "the pool changed a job's arguments"
             return self
 
         def __exit__(self, *exc_info):
@@ -96,6 +99,15 @@ def test_outside_compile_only_a_launch_is_the_kernels_own_with_its_arguments_unt
     kernel_launch.launcher(kernel, (3, 2))(*ARGS, **KWARGS)
     assert kernel.calls == [("launch", (3, 2), ARGS, KWARGS, "MainThread")]
     assert not kernel_launch.compiling_only()
+
+
+def test_a_thread_that_never_entered_compile_only_launches():
+    """Every step's own launches come from threads that never compile only (the runner's, the engine's)."""
+    kernel = FakeKernel()
+    thread = threading.Thread(target=lambda: kernel_launch.launcher(kernel, (2,))("fresh"), name="fresh")
+    thread.start()
+    thread.join(timeout=30)
+    assert kernel.calls == [("launch", (2,), ("fresh",), {}, "fresh")]
 
 
 def test_inside_compile_only_a_launch_compiles_with_the_same_arguments_and_launches_nothing(triton_mode):
