@@ -28,6 +28,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conformance import implementation
 from conformance.helpers import DEVICES, build_llama, make_runner, points_at, small_llama_config, token_ids
 from reference.benchmark.choices import MODE_KWARGS
 from reference.compilation import compilation_counter
@@ -194,6 +195,7 @@ def test_a_full_mode_the_attention_cannot_serve_is_lowered_with_one_warning_line
         f"cudagraph_mode={mode!r} runs as {lowered!r}: attention declares {support.name} for {runner.dtype} on "
         f"{runner.device.type} (full graphs of {steps} need {needed})"
     )
+    assert points_at(note, implementation.__file__)  # stacklevel: the line that built the runner
 
 
 @pytest.mark.gpu

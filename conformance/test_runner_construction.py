@@ -29,6 +29,14 @@ def _runner(capture_sizes, *, max_num_seqs=4, max_model_len=16, max_num_batched_
                        max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
 
 
+def test_a_runner_that_ran_no_step_has_dispatched_none():
+    runner = _runner([1, 2])
+    assert runner.last_dispatch is None
+    assert sum(runner.dispatch_counts.values()) == 0
+    runner.step([[1, 2, 3]], [0], [0])
+    assert runner.last_dispatch is not None and sum(runner.dispatch_counts.values()) == 1
+
+
 def test_a_step_budget_as_large_as_the_kv_cache_is_accepted_and_one_more_token_refused():
     assert _runner([1, 2], max_num_batched_tokens=4 * 16).max_num_tokens == 64
     message = (

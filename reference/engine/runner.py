@@ -144,8 +144,8 @@ class ModelRunner:
             under ``'full'`` up to ``max_num_batched_tokens``.
         piecewise_warm_up_sizes: the piecewise sizes ``warm_up`` captures (size 1 is left out when full
             graphs serve it: a 1-token step is always a uniform decode).
-        last_dispatch: the last step's :class:`StepDispatch`; ``dispatch_counts``: steps per runtime mode,
-            the warm-up's dummy steps included.
+        last_dispatch: the last step's :class:`StepDispatch` (None before the first); ``dispatch_counts``: steps
+            per runtime mode, the warm-up's dummy steps included.
 
     Raises:
         ValueError: a size is not positive, ``max_model_len`` exceeds the model's
