@@ -15,6 +15,7 @@ real one on CUDA.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 import sys
 import threading
@@ -63,15 +64,23 @@ def triton_mode(monkeypatch) -> list:
     ``'enter'`` and ``'exit'`` to the returned list, and hands its pool two compiles on entry, as Triton's mode
     hands it each compile: one returning a :class:`CompiledStandIn`, one returning None (a kernel with nothing to
     ready); ``('compiled', kernel)`` is appended for each. A third job checks that the pool passes a job its
-    arguments as given."""
+    arguments as given. Like Triton 3.6's, the mode is a context variable (``active_mode``) that its entry refuses
+    to set twice and its exit clears only once every compile succeeded: a stand-in whose ``fail_on_exit`` is set
+    raises :class:`PlantedCompileError` on exit before clearing it, as a failed compile does there."""
     events: list = []
+    active_mode = contextvars.ContextVar("stand_in_active_mode", default=None)
 
     class AsyncCompileMode:
+        fail_on_exit = False
+
         def __init__(self, executor):
             events.append(("made", executor._max_workers))
             self.executor = executor
 
         def __enter__(self):
+            if active_mode.get() is not None:
+                raise RuntimeError("Another AsyncCompileMode is already active")
+            active_mode.set(self)
             events.append("enter")
             for kernel in (CompiledStandIn(), None):
                 compiled = self.executor.submit(lambda k=kernel: k).result()
@@ -83,12 +92,19 @@ def triton_mode(monkeypatch) -> list:
 
         def __exit__(self, *exc_info):
             events.append("exit")
+            if self.fail_on_exit:
+                raise PlantedCompileError("a compile failed")
+            active_mode.set(None)
 
     module = types.ModuleType("stand_in_async_compile")
-    module.AsyncCompileMode = AsyncCompileMode
+    module.AsyncCompileMode, module.active_mode = AsyncCompileMode, active_mode
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(kernel_launch, "_ASYNC_COMPILE", module.__name__)
     return events
+
+
+class PlantedCompileError(Exception):
+    """What the stand-in's exit raises for a failed compile."""
 
 
 ARGS, KWARGS = (1, "x", 2.5), {"BLOCK": 64, "num_warps": 4, "launch_pdl": False}
@@ -188,6 +204,24 @@ def test_an_error_inside_compile_only_leaves_triton_s_mode_and_the_switch(triton
     kernel = FakeKernel()
     kernel_launch.launcher(kernel, (1,))()
     assert kernel.calls[0][0] == "launch"
+
+
+def test_a_failed_compile_leaves_no_triton_mode_set_so_the_thread_can_compile_only_again(monkeypatch, triton_mode):
+    """Triton 3.6's exit raises a failed compile's error before clearing its mode: left set, it would refuse the
+    thread's next block ("Another AsyncCompileMode is already active") and hand the thread's launches to a shut
+    pool meanwhile."""
+    mode = sys.modules[kernel_launch._ASYNC_COMPILE].AsyncCompileMode
+    monkeypatch.setattr(mode, "fail_on_exit", True)
+    with pytest.raises(PlantedCompileError):
+        with kernel_launch.compile_only(workers=2, device="cpu"):
+            pass
+    assert sys.modules[kernel_launch._ASYNC_COMPILE].active_mode.get() is None, "Triton's mode left set"
+    assert not kernel_launch.compiling_only()
+    monkeypatch.setattr(mode, "fail_on_exit", False)
+    kernel = FakeKernel()
+    with kernel_launch.compile_only(workers=2, device="cpu"):
+        kernel_launch.launcher(kernel, (1,))()
+    assert [call[0] for call in kernel.calls] == ["compile"]
 
 
 @pytest.mark.parametrize("workers", [0, -1])

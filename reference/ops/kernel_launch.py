@@ -30,7 +30,17 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-_thread = threading.local()  # .compiling: whether this thread is inside compile_only()
+
+
+class _Switch(threading.local):
+    """Per thread: whether the thread is inside :func:`compile_only`. The class default answers for a thread that
+    never entered it without an attribute miss (``getattr`` with a default cost 0.44 us a launch there, 2026-12-07:
+    every launch of attention between the piecewise graphs paid it)."""
+
+    compiling = False
+
+
+_thread = _Switch()
 
 # Triton's own parallel compile (a module private to Triton, present since 3.4: the releases this project runs)
 _ASYNC_COMPILE = "triton.runtime._async_compile"
@@ -50,14 +60,14 @@ def launcher(kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
         The call: outside :func:`compile_only` Triton's launch (returning the compiled kernel), inside it
         Triton's ``warmup`` (returning a future of the compiled kernel, or None).
     """
-    if getattr(_thread, "compiling", False):
+    if _thread.compiling:
         return functools.partial(kernel.warmup, grid=grid)
     return kernel[grid]
 
 
 def compiling_only() -> bool:
     """Whether this thread is inside :func:`compile_only`."""
-    return getattr(_thread, "compiling", False)
+    return _thread.compiling
 
 
 def supported() -> bool:
@@ -114,9 +124,8 @@ def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
             Triton's mode is already active on this thread (Triton's own message).
         Exception: a compile or readying that failed (the first to finish failing), when the block is left
             (Triton's own error, e.g. its ``OutOfResources`` for a kernel that needs more shared memory than the
-            device has). Kernels not yet stored by then stay uncached, and Triton's mode stays set on this
-            thread (Triton's exit clears it only after every kernel is stored): the kernel warm-up's thread ends
-            there.
+            device has). Kernels not yet stored by then stay uncached; Triton's mode and the switch are left
+            either way, so a later block on this thread starts afresh.
     """
     if workers < 1:
         raise ValueError(f"workers: expected at least 1, got {workers}")
@@ -124,14 +133,25 @@ def compile_only(workers: int, device: torch.device | str) -> Iterator[None]:
         raise RuntimeError("compile_only: already inside compile_only on this thread")
     if not supported():
         raise RuntimeError(f"compile_only: this Triton has no {_ASYNC_COMPILE}.AsyncCompileMode (Triton 3.4+)")
-    mode = importlib.import_module(_ASYNC_COMPILE).AsyncCompileMode
+    triton_async = importlib.import_module(_ASYNC_COMPILE)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:  # this thread's, not the pool threads' current device
         device = torch.device("cuda", torch.cuda.current_device())
     with CompilePool(workers, device) as pool:
+        mode = triton_async.AsyncCompileMode(pool)
         _thread.compiling = True
         try:
-            with mode(pool):  # its exit waits for every compile, then fills the kernels' caches
+            with mode:  # its exit waits for every compile, then fills the kernels' caches
                 yield
         finally:
             _thread.compiling = False
+            _leave(triton_async, mode)
+
+
+def _leave(triton_async: Any, mode: Any) -> None:
+    """Clear Triton's active mode where it is still ``mode``: Triton 3.6's exit clears it only after storing every
+    kernel, so a failed compile leaves it set on this thread, and any later launch there would hand its compile
+    to the shut pool. (Newer Triton clears it first; a module without ``active_mode`` has nothing to clear.)"""
+    active = getattr(triton_async, "active_mode", None)
+    if active is not None and active.get() is mode:
+        active.set(None)
