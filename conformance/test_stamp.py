@@ -19,7 +19,7 @@ from torch import nn
 from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 from conformance.driver import prefill_and_decode
-from conformance.helpers import DEVICES, perturb_norms, runner_for
+from conformance.helpers import DEVICES, perturb_norms, points_at, runner_for
 from reference.compilation import cache_key, compile_model, expect_counters, stamp
 from reference.compilation.backend import PiecewiseBackend
 from reference.compilation.split import Piece
@@ -302,8 +302,10 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
     with expect_counters(num_layers_stamped=0, num_graphs_seen=1), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         output = compiled(x)
-    messages = [str(w.message) for w in caught if "stamped layers" in str(w.message)]
+    stamped = [w for w in caught if "stamped layers" in str(w.message)]
+    messages = [str(w.message) for w in stamped]
     assert len(messages) == 1 and re.match(f"stamped layers: {why}", messages[0]), messages
+    assert points_at(stamped[0], __file__), f"the warning names {stamped[0].filename}, not the caller's line"
     assert messages[0].endswith(f"; tracing all {len(model.layers)} layers instead of {prefix}")
     assert "\n" not in messages[0]
     torch.testing.assert_close(output, expected, rtol=0, atol=0)

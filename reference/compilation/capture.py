@@ -183,7 +183,7 @@ class CompiledModel:
         warnings.warn(
             f"stamped layers: {reason}; tracing all {len(stamp.kinds)} layers instead of {stamp.prefix}",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=6,  # past _call_traced, _run, _first_call and __call__: the caller's line
         )
         return self._compiled(*args)
 
