@@ -1,13 +1,19 @@
-"""One of two processes starting the same model at once on one compile cache folder;
-conformance/test_compile_cache.py starts two with ``-m conformance.compile_cache_worker CACHE_DIR`` and checks
-that both run, print the same logits and leave one whole entry.
+"""One start of the test model in a process of its own, on a compile cache folder:
+``python -m conformance.compile_cache_worker CACHE_DIR [--device D] [--mode M] [--overrides JSON] [--save PATH]``.
+
+conformance/test_compile_cache.py starts two at once (both must run, print the same logits and leave one whole
+entry), and, on CUDA, one after another: the second is a warm start in a fresh process, which has launched no
+kernel yet (a start inside the test's own process finds the first start's kernels loaded). It prints
+``LOGITS <sum>`` and ``HITS <compile-cache hits>``; ``--save`` also writes the prefill's and decodes' logits
+(a list of [2, vocab] float32 tensors, on the CPU) with ``torch.save``.
 
 A module of the package, run from the repository's root, rather than a script written into a temporary folder:
 a worker whose working folder is elsewhere cannot run under mutmut, whose trampolines read their settings from
 the working folder.
 """
 
-import sys
+import argparse
+import json
 
 import torch
 
@@ -16,7 +22,19 @@ from conformance.helpers import make_runner, small_llama_config
 from conformance.implementation import ReferenceImplementation
 
 if __name__ == "__main__":
-    runner = make_runner(ReferenceImplementation(), "no_inductor", small_llama_config(), cache_dir=sys.argv[1],
-                         max_num_seqs=2, max_model_len=16, max_cudagraph_capture_size=16)  # fmt: skip
+    parser = argparse.ArgumentParser(prog="python -m conformance.compile_cache_worker")
+    parser.add_argument("cache_dir")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mode", default="no_inductor")
+    parser.add_argument("--overrides", type=json.loads, default={}, help="CompilationConfig fields, as JSON")
+    parser.add_argument("--save", help="where to torch.save the logits")
+    args = parser.parse_args()
+    runner = make_runner(ReferenceImplementation(), args.mode, small_llama_config(), device=args.device,
+                         cache_dir=args.cache_dir, max_num_seqs=2, max_model_len=16, max_cudagraph_capture_size=16,
+                         **args.overrides)  # fmt: skip
+    stats = runner.warm_up()
     logits = prefill_and_decode({"r": runner}, [[3, 14, 15, 92, 65], [35, 89, 79]], num_decode=3, leader="r")["r"]
+    if args.save:
+        torch.save([step.cpu() for step in logits], args.save)
     print("LOGITS", torch.stack(logits).sum().item())
+    print("HITS", stats.compile_cache_hits)

@@ -326,6 +326,36 @@ def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache
         start(impl, "no_inductor", cache)
 
 
+@pytest.mark.gpu
+@pytest.mark.requires("components")
+@pytest.mark.parametrize(
+    "mode", ["no_inductor", "no_inductor_full", pytest.param("inductor", marks=pytest.mark.inductor)]
+)
+def test_a_warm_start_in_a_fresh_process_with_no_warm_up_runs_gives_the_cold_starts_logits(mode, cache, tmp_path):
+    """``cudagraph_num_of_warmups=0`` (vLLM's default) captures a size at its first run. A warm start in a fresh
+    process has launched no kernel when its first step runs: a compile-cache hit runs no kernel warm-up
+    (:mod:`reference.engine.kernel_warm_up`), so each Triton kernel is loaded onto the device at its first launch,
+    and that launch must not be inside a capture (on an H100 the 8B's warm start exited with a CUDA error there,
+    perf/NOTES.md v45). A start in this process would not tell: the cold start's kernels stay loaded in it.
+    Logits as in the in-process warm-start rule: bitwise, or to float32's reassociation error for Inductor's
+    autotuned Triton kernels."""
+    env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
+    runs = []
+    for name in ("cold", "warm"):
+        argv = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache), "--device", "cuda",
+                "--mode", mode, "--overrides", '{"cudagraph_num_of_warmups": 0}', "--save", str(tmp_path / name)]  # fmt: skip
+        child = forked.run(argv, env=env, timeout=300)
+        assert child.returncode == 0, f"the {name} start failed:\n{child.stderr[-3000:]}"
+        runs.append(child.stdout)
+    assert [re.findall(r"^HITS (\d+)$", out, re.M) for out in runs] == [["0"], ["1"]], runs
+    cold, warm = (torch.load(tmp_path / name) for name in ("cold", "warm"))
+    for step, (c, w) in enumerate(zip(cold, warm, strict=True)):
+        if mode == "inductor":
+            torch.testing.assert_close(w, c, msg=lambda m: f"step {step}: {m}")
+        else:
+            assert torch.equal(c, w), f"step {step}: warm differs from cold by up to {(c - w).abs().max():.3g}"
+
+
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
 def test_factors_json_says_what_the_key_hashes(cache, impl):

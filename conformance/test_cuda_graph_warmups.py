@@ -4,7 +4,9 @@ The warm-up runs are what keep lazy initialisation (cuBLAS handles, autotuning, 
 the graphs, so the count the config asks for is the count that must happen. The silly model's test is CUDA
 only (marked gpu): it has 3 capturable pieces, so capturing a size counts 3 captures, and its output has
 an exact closed form at every call, warm-up, capture or replay. The count itself, which the piecewise,
-full and breakable graphs share (the reference's ``WarmUpCount``), is checked on any device.
+full and breakable graphs share (the reference's ``WarmUpCount``), is checked on any device, as is its plain run
+before a wrapper's first capture where no warm-up ran (0 warm-ups), which keeps each kernel's first launch out of
+the captures.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_out
 
 @pytest.mark.gpu
 @pytest.mark.requires("counters")
-@pytest.mark.parametrize("warmups", [1, 3])
+@pytest.mark.parametrize("warmups", [0, 1, 3])
 @pytest.mark.parametrize("mode", ["no_inductor"])  # the warm-up count is the graphs' business, not the compiler's
 def test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs(mode, warmups, impl):
     config = mode_config(
@@ -42,3 +44,15 @@ def test_each_key_captures_after_its_own_warm_ups(warmups):
     for key in (8, 4):
         calls = [d for k, d in due if k == key]  # the two keys interleaved: each counts its own
         assert calls == [False] * min(warmups, len(calls)) + [True] * (len(calls) - min(warmups, len(calls)))
+
+
+@pytest.mark.parametrize("warmups", [0, 1])
+def test_the_first_capture_of_a_wrapper_that_never_ran_plainly_runs_it_once_plainly_before(warmups):
+    """With 0 warm-ups a capture would hold the first launch of every kernel (module doc); with 1 or more the
+    keys' own warm-ups have run the code, and nothing more runs."""
+    count, runs = WarmUpCount(warmups), []
+    for key in (8, 8, 4, 4, 8):
+        if count.capture_due(key):
+            with expect_counters(num_cudagraph_eager_runs=1 if warmups == 0 and key == 8 and not runs else 0):
+                count.load_before_first_capture(lambda k=key: runs.append(k))
+    assert runs == ([8] if warmups == 0 else [])

@@ -316,19 +316,19 @@ def test_on_cuda_a_launch_inside_compile_only_compiles_its_kernel_and_writes_not
     torch.testing.assert_close(flat[1, slots], v, rtol=0, atol=0)
 
 
-def _kernels_readied(monkeypatch) -> list[str]:
+def _kernels_readied(monkeypatch) -> list[tuple[str, bool]]:
     """Each time a compiled Triton kernel is readied for its first launch from now on (``_init_handles`` building
     its launcher and loading its binary: the first call does it, later calls return at once), appends the name of
-    the thread that did it."""
+    the thread that did it and whether that thread's current stream was capturing a CUDA graph then."""
     from triton.compiler.compiler import CompiledKernel
 
     ready, seen = CompiledKernel._init_handles, []
 
     def spy(self):
         fresh = getattr(self, "module", None) is None
-        ready(self)
         if fresh:
-            seen.append(threading.current_thread().name)
+            seen.append((threading.current_thread().name, torch.cuda.is_current_stream_capturing()))
+        ready(self)
 
     monkeypatch.setattr(CompiledKernel, "_init_handles", spy)
     return seen
@@ -358,6 +358,10 @@ def test_on_cuda_the_warm_up_compiles_its_kernels_at_once_then_launches_them_com
 
             return super().submit(meet)
 
+    if kernel_warm_up.COMPILE_WORKERS < 2 <= kernel_warm_up._CPUS:
+        pytest.fail(f"a pool of {kernel_warm_up.COMPILE_WORKERS} thread(s) on a host that allows {kernel_warm_up._CPUS}")
+    if kernel_warm_up._CPUS < 2:
+        pytest.skip("this process may run on one CPU: the warm-up's pool has one thread, so none meet at a barrier")
     monkeypatch.setattr(kernel_launch, "CompilePool", MeetingPool)
     runner = _runner(device="cuda", dtype=torch.bfloat16)
     kernels = KernelWarmUp(runner.model, **SIZES)
@@ -370,7 +374,7 @@ def test_on_cuda_the_warm_up_compiles_its_kernels_at_once_then_launches_them_com
     names = {name for _, name, _ in compiles}
     assert len(submitted) >= len(names) >= 5, f"{len(submitted)} compiles handed to the pool for {sorted(names)}"
     assert len(readied) == len(submitted), f"{len(readied)} kernels readied of {len(submitted)} compiled"
-    outside = sorted(set(readied) - {t for t in readied if t.startswith(kernel_launch.WORKER_PREFIX)})
+    outside = sorted({t for t, _ in readied if not t.startswith(kernel_launch.WORKER_PREFIX)})
     assert not outside, f"kernels readied outside the pool, at their first launch: on {outside}"
     assert 0 < kernels.compile_s < kernels.step_s
 
@@ -395,3 +399,32 @@ def test_on_cuda_every_kernel_a_warm_up_and_its_steps_launch_is_compiled_on_the_
     expected = {"_rms_norm_kernel", "_rotary_kernel", "_gated_kernel"}
     expected |= {"_decode_attention_kernel", "_prefill_attention_kernel"}
     assert expected <= compiled, f"never compiled: {sorted(expected - compiled)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("mode", "overrides"),
+    [("no_inductor", {}), ("no_inductor_full", {}), ("no_inductor", {"cudagraph_mode": "full"}), ("breakable", {})],
+    ids=["no_inductor", "no_inductor_full", "full", "breakable"],
+)
+def test_on_cuda_a_start_with_no_kernel_warm_up_and_no_warm_up_runs_loads_no_kernel_inside_a_capture(
+    monkeypatch, mode, overrides
+):
+    """A compile-cache hit runs no kernel warm-up, and ``cudagraph_num_of_warmups=0`` captures each size at its
+    first run: the first launch of each kernel in the process, which loads its binary onto the device, would then
+    fall inside a capture (an 8B warm start exited with a CUDA error there, perf/NOTES.md v45). Each kernel's
+    in-memory variants are dropped first, so each is loaded afresh here as in a fresh process; the graph
+    wrappers' plain run before their first capture must load them all (``WarmUpCount``)."""
+    from conformance.driver import prefill_and_decode
+
+    monkeypatch.setattr(kernel_warm_up, "wanted", lambda device, config: False)  # as for a compile-cache hit
+    _triton_compiles(monkeypatch)  # drops the variants compiled so far in this process
+    readied = _kernels_readied(monkeypatch)
+    runner = _runner(mode, device="cuda", dtype=torch.bfloat16, cudagraph_num_of_warmups=0, **overrides)
+    stats = runner.warm_up()
+    assert stats.kernel_warm_up_s == 0
+    prefill_and_decode({"run": runner}, [[1, 2, 3], [4, 5, 6, 7, 8]], num_decode=3, leader="run")
+    torch.cuda.synchronize()
+    assert readied, "no kernel was loaded: the spy saw nothing"
+    inside = [thread for thread, capturing in readied if capturing]
+    assert not inside, f"{len(inside)} of {len(readied)} kernels loaded inside a capture"

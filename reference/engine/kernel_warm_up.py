@@ -53,8 +53,10 @@ from reference.ops import Attention, AttentionMetadata, kernel_launch
 # Device types whose custom ops compile a kernel at its first launch (Triton's); the runner warms up only these.
 DEVICE_TYPES = frozenset({"cuda"})
 # Threads compiling the step's kernels: a step has 6-12 specialisations (the 8B's: 6), and v35 measured eight
-# compiles at 0.84 s on 8 threads and 0.77 s on 16 (perf/NOTES.md); more than the machine's CPUs cannot help.
-COMPILE_WORKERS = min(16, os.cpu_count() or 1)
+# compiles at 0.84 s on 8 threads and 0.77 s on 16 (perf/NOTES.md); more than the CPUs this process may run on
+# (its affinity mask: a container or `taskset` may allow fewer than the machine has) cannot help.
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+COMPILE_WORKERS = min(16, _CPUS)
 
 
 def wanted(device: torch.device, config: CompilationConfig) -> bool:
