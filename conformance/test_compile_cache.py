@@ -341,9 +341,9 @@ def test_a_warm_start_in_a_fresh_process_with_no_warm_up_runs_gives_the_cold_sta
     autotuned Triton kernels."""
     env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
     runs = []
+    worker = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache), "--device", "cuda", "--mode", mode]
     for name in ("cold", "warm"):
-        argv = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache), "--device", "cuda",
-                "--mode", mode, "--overrides", '{"cudagraph_num_of_warmups": 0}', "--save", str(tmp_path / name)]  # fmt: skip
+        argv = [*worker, "--overrides", '{"cudagraph_num_of_warmups": 0}', "--save", str(tmp_path / name)]
         child = forked.run(argv, env=env, timeout=300)
         assert child.returncode == 0, f"the {name} start failed:\n{child.stderr[-3000:]}"
         runs.append(child.stdout)
