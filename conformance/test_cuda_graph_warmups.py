@@ -14,8 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.compilation import expect_counters
-from reference.compilation.cuda_graph import WarmUpCount
+from reference.compilation import compilation_counter, expect_counters
+from reference.compilation import cuda_graph
+from reference.compilation.compile_piece import SizeDispatch
+from reference.compilation.cuda_graph import CUDAGraphPiece, WarmUpCount
 from reference.config import mode_config
 from reference.models.silly import SILLY_SPLITTING_OPS, SillyModel, expected_output
 
@@ -47,12 +49,29 @@ def test_each_key_captures_after_its_own_warm_ups(warmups):
 
 
 @pytest.mark.parametrize("warmups", [0, 1])
-def test_the_first_capture_of_a_wrapper_that_never_ran_plainly_runs_it_once_plainly_before(warmups):
-    """With 0 warm-ups a capture would hold the first launch of every kernel (module doc); with 1 or more the
-    keys' own warm-ups have run the code, and nothing more runs."""
+def test_with_no_warm_ups_each_code_runs_once_plainly_before_its_first_capture(warmups):
+    """With 0 warm-ups a capture would hold the first launch of every kernel (module doc): the symbolic-shape code
+    (None) runs plainly before its first capture, and a static compile (its size) before its own; with 1 or more
+    the keys' own warm-ups have run the code, and nothing more runs."""
     count, runs = WarmUpCount(warmups), []
-    for key in (8, 8, 4, 4, 8):
+    before = compilation_counter.num_cudagraph_eager_runs
+    for key, code in [(8, None), (8, None), (4, None), (16, 16), (16, 16), (2, None)]:
         if count.capture_due(key):
-            with expect_counters(num_cudagraph_eager_runs=1 if warmups == 0 and key == 8 and not runs else 0):
-                count.load_before_first_capture(lambda k=key: runs.append(k))
-    assert runs == ([8] if warmups == 0 else [])
+            count.load_before_first_capture(lambda k=key: runs.append(k), code)
+    assert runs == ([8, 16] if warmups == 0 else [])
+    assert compilation_counter.num_cudagraph_eager_runs - before == len(runs), "a plain run not counted as eager"
+
+
+def test_with_no_warm_ups_a_piece_runs_its_symbolic_and_each_static_compile_plainly_before_capturing_it(monkeypatch):
+    """A piece over Inductor's static compiles (``compile_sizes``) captures other kernels at those sizes than at
+    the rest: each code runs plainly once before its first capture. The capture itself is a stand-in that runs
+    nothing, so the calls seen are the plain runs alone."""
+    calls = []
+    generic = lambda x, n: calls.append(("symbolic", n)) or x  # noqa: E731
+    static = lambda x, n: calls.append(("static", n)) or x  # noqa: E731
+    monkeypatch.setattr(cuda_graph, "capture_graph", lambda fn, args, pool, stream: (None, "captured"))
+    piece = CUDAGraphPiece("submod_0", SizeDispatch(generic, {16: static}, (1,)), size_args=(1,),
+                           capture_sizes=(8, 16, 32), num_warmups=0, pool=None, stream=None, debug_addresses=False)  # fmt: skip
+    for n in (32, 16, 8):
+        assert piece(torch.zeros(n), n) == "captured"
+    assert calls == [("symbolic", 32), ("static", 16)]

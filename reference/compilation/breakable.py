@@ -132,7 +132,7 @@ class BreakableCUDAGraphs:
     def __call__(self, *args):
         if not self._checked:  # the config asks for graphs: refuse what could not be captured, on any device
             self._checked = True
-            self.warm_ups.ran_plainly = True  # a plain run: the kernels it launches are loaded before any capture
+            self.warm_ups.loaded.add(None)  # a plain run: the kernels it launches are loaded before any capture
             with _BreakAtSplittingOps(self.splitting_ops, _call_writing_into_buffers):
                 return self.model(*args)
         size = args[0].shape[0]
