@@ -144,7 +144,6 @@ def _breakable_capture(forward, x: torch.Tensor):
     """A breakable capture of ``forward`` at ``x``'s size, called directly: on a CPU ``BreakableCUDAGraphs``
     itself runs a CPU tensor without graphs."""
     graphs = BreakableCUDAGraphs(forward, SILLY_SPLITTING_OPS, capture_sizes=(4,), num_warmups=0, debug_addresses=False)
-    graphs.warm_ups.loaded.add(None)  # as after the checking run: the capture alone runs ``forward``
     return graphs._capture(x.shape[0], (x,))
 
 

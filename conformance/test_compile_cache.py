@@ -332,10 +332,10 @@ def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache
     "mode", ["no_inductor", "no_inductor_full", pytest.param("inductor", marks=pytest.mark.inductor)]
 )
 def test_a_warm_start_in_a_fresh_process_with_no_warm_up_runs_gives_the_cold_starts_logits(mode, cache, tmp_path):
-    """``cudagraph_num_of_warmups=0`` (vLLM's default) captures a size at its first run. A warm start in a fresh
-    process has launched no kernel when its first step runs: a compile-cache hit runs no kernel warm-up
-    (:mod:`reference.engine.kernel_warm_up`), so each Triton kernel is loaded onto the device at its first launch,
-    and that launch must not be inside a capture (on an H100 the 8B's warm start exited with a CUDA error there,
+    """``cudagraph_num_of_warmups=0`` (vLLM's default). A warm start in a fresh process has launched no kernel when
+    its first step runs: a compile-cache hit runs no kernel warm-up (:mod:`reference.engine.kernel_warm_up`), so
+    each Triton kernel is loaded onto the device at its first launch, and that launch must not be inside a capture
+    (on an H100 the 8B's warm start exited with a CUDA error there when 0 captured a size at its first run,
     perf/NOTES.md v45). A start in this process would not tell: the cold start's kernels stay loaded in it.
     Logits as in the in-process warm-start rule: bitwise, or to float32's reassociation error for Inductor's
     autotuned Triton kernels."""

@@ -408,11 +408,11 @@ def test_on_cuda_every_kernel_a_warm_up_and_its_steps_launch_is_compiled_on_the_
 def test_on_cuda_a_start_with_no_kernel_warm_up_and_no_warm_up_runs_loads_no_kernel_inside_a_capture(
     monkeypatch, mode, overrides
 ):
-    """A compile-cache hit runs no kernel warm-up, and ``cudagraph_num_of_warmups=0`` captures each size at its
-    first run: the first launch of each kernel in the process, which loads its binary onto the device, would then
-    fall inside a capture (an 8B warm start exited with a CUDA error there, perf/NOTES.md v45). Each kernel's
-    in-memory variants are dropped first, so each is loaded afresh here as in a fresh process; the graph
-    wrappers' plain run before their first capture must load them all (``WarmUpCount``)."""
+    """A compile-cache hit runs no kernel warm-up, and with ``cudagraph_num_of_warmups=0`` a capture at a size's
+    first run would hold the first launch of each kernel that size compiles to, which loads its binary onto the
+    device (an 8B warm start exited with a CUDA error there, perf/NOTES.md v45): every size runs plainly once
+    first (``plain_runs_before_capture``). Each kernel's in-memory variants are dropped first, so each is loaded
+    afresh here as in a fresh process."""
     from conformance.driver import prefill_and_decode
 
     monkeypatch.setattr(kernel_warm_up, "wanted", lambda device, config: False)  # as for a compile-cache hit

@@ -169,6 +169,14 @@ FAULTS = [
         tests="a_partition_runs_as_compiled_where_no_graph_of_it_is_due",
     ),
     Fault(
+        id="zero-warm-ups-capture-at-the-first-run",
+        kind="capture",
+        description="cudagraph_num_of_warmups=0 captures a size at its first run, so a start that launched no kernel "
+        "yet (a compile-cache hit) has each Triton kernel's first launch, which loads its binary, inside a capture",
+        plant=patches(mock.patch.object(cuda_graph, "plain_runs_before_capture", lambda num_warmups: num_warmups)),
+        tests="test_each_key_captures_after_its_own_warm_ups",
+    ),
+    Fault(
         id="collector-runs-during-capture",
         kind="capture",
         description="Python's garbage collector stays on while a CUDA graph is captured, so a collection there "

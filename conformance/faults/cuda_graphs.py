@@ -124,16 +124,6 @@ FAULTS = [
         device="cuda",
     ),
     Fault(
-        id="first-capture-holds-first-launches",
-        kind="capture",
-        description="with cudagraph_num_of_warmups=0 a graph wrapper captures at its first run without a plain "
-        "run before, so a start that launched no kernel yet (a compile-cache hit) loads each Triton kernel inside "
-        "a capture",
-        plant=patches(mock.patch.object(cuda_graph.WarmUpCount, "load_before_first_capture", lambda self, run: None)),
-        tests="test_on_cuda_a_start_with_no_kernel_warm_up_and_no_warm_up_runs_loads_no_kernel_inside_a_capture",
-        device="cuda",
-    ),
-    Fault(
         id="pieces-run-on-the-capture-stream",
         kind="capture",
         description="warm-up, capture and replay run on the pieces' side stream without ordering against the "

@@ -132,7 +132,6 @@ class BreakableCUDAGraphs:
     def __call__(self, *args):
         if not self._checked:  # the config asks for graphs: refuse what could not be captured, on any device
             self._checked = True
-            self.warm_ups.loaded.add(None)  # a plain run: the kernels it launches are loaded before any capture
             with _BreakAtSplittingOps(self.splitting_ops, _call_writing_into_buffers):
                 return self.model(*args)
         size = args[0].shape[0]
@@ -156,7 +155,6 @@ class BreakableCUDAGraphs:
     def _capture(self, size: int, args) -> Any:
         if self._pool is None:
             self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        self.warm_ups.load_before_first_capture(lambda: self.model(*args))
         steps: list = []
         current: list[torch.cuda.CUDAGraph] = []
 

@@ -139,33 +139,34 @@ def non_owning(tensor: Any) -> Any:
     )
 
 
-class WarmUpCount:
-    """The plain runs each key (a size, a batch descriptor) of one graph wrapper has had before its capture.
+def plain_runs_before_capture(num_warmups: int) -> int:
+    """The plain runs each key of a graph wrapper (a size, a batch descriptor) gets before its capture:
+    ``cudagraph_num_of_warmups``, and at least one, so 0 (vLLM's default) runs as 1.
 
-    A capture must not hold the first launch of a kernel in the process: Triton loads a kernel's binary onto the
-    device at its first launch, which a capture in torch's default ``'global'`` error mode does not allow (a warm
-    start of the 8B with ``cudagraph_num_of_warmups=0``, whose compile-cache hit runs no kernel warm-up, exited with
-    a CUDA error on an H100: perf/NOTES.md v45), and Inductor times a kernel's launch configurations at its first
-    launch. With ``num_warmups`` >= 1 every key runs plainly before its capture. With 0 (vLLM's default) each
-    compiled code of the wrapper runs once plainly just before its first capture
-    (:meth:`load_before_first_capture`): one run of the symbolic-shape code launches every kernel a capture at any
-    of its sizes records, since this project's kernels are not specialised on the token count
-    (``do_not_specialize``, :mod:`reference.ops`), and a static compile of ``compile_sizes`` is code of its own.
-    vLLM keeps first launches out of its captures by its runner's plain profiling and compile-size runs instead;
-    here the wrapper holds the rule, so a model called directly keeps it too.
+    A capture must not hold a kernel's first launch in the process: Triton loads a kernel's binary onto the device
+    there, which a capture in torch's default ``'global'`` error mode does not allow (a warm 8B start with 0
+    warm-ups, whose compile-cache hit runs no kernel warm-up, exited with a CUDA error on an H100: perf/NOTES.md
+    v45), and Inductor times a kernel's launch configurations at its first launch. No one plain run covers every
+    size: the project's kernels are compiled per launch configuration (the full graphs' variable-length attention
+    per graph size, the small-M GEMM for steps of at most 16 tokens), and each of Inductor's static compiles
+    (``compile_sizes``) holds kernels of its own. vLLM captures at the first run with 0 and relies on its runner's
+    plain profiling run and on kernels compiled ahead of time; here every size runs once plainly, in a call of
+    its own, before its capture.
+    """
+    return max(1, num_warmups)
+
+
+class WarmUpCount:
+    """The plain runs each key (a size, a batch descriptor) has had before its capture.
 
     Args:
-        num_warmups: plain runs of a key before it is captured (``cudagraph_num_of_warmups``).
-
-    Attributes:
-        loaded: with 0 warm-ups, the codes that have run plainly (None: the wrapper's one code, or its
-            symbolic-shape code beside static compiles).
+        num_warmups: ``cudagraph_num_of_warmups``; a key is captured after
+            :func:`plain_runs_before_capture` of them.
     """
 
     def __init__(self, num_warmups: int):
-        self.num_warmups = num_warmups
+        self.num_warmups = plain_runs_before_capture(num_warmups)
         self.done: dict[Any, int] = {}
-        self.loaded: set[Any] = set()
 
     def capture_due(self, key) -> bool:
         """True once ``key`` has had ``num_warmups`` plain runs (capture now); otherwise counts this call
@@ -175,19 +176,6 @@ class WarmUpCount:
             self.done[key] = done + 1
             return False
         return True
-
-    def load_before_first_capture(self, plain_run: Callable[[], Any], code: Any = None) -> None:
-        """With 0 warm-ups, call ``plain_run`` (the wrapper's code on the arguments about to be captured; its result
-        is dropped), counted as an eager run, where ``code`` (which compiled code that capture runs: None, or the
-        size of a static compile) has not run plainly yet: then every kernel the capture records has launched once
-        outside it. The code must be a function of its arguments (the split graph's pieces are; a full graph's
-        KV-cache writes rewrite the same slots), since it runs twice on them. With warm-ups, the key's own ran it.
-        """
-        if self.num_warmups or code in self.loaded:
-            return
-        self.loaded.add(code)
-        compilation_counter.num_cudagraph_eager_runs += 1
-        plain_run()
 
 
 @dataclass
@@ -266,8 +254,6 @@ class CUDAGraphPiece:
         return all(args[i] == size for i in self.size_args[1:])
 
     def _capture(self, size, args) -> Any:
-        static = getattr(self.runnable, "static", {})  # a SizeDispatch's compiles for compile_sizes
-        self.warm_ups.load_before_first_capture(lambda: self.runnable(*args), size if size in static else None)
         graph, output = capture_graph(self.runnable, args, self.pool, self.stream)
         self.captured[size] = CapturedGraph(graph, tree_map(non_owning, output), addresses_of(args))
         compilation_counter.num_cudagraph_captured += 1

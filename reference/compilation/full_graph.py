@@ -80,7 +80,6 @@ class FullCUDAGraphs:
     def _capture(self, key: BatchDescriptor, args) -> Any:
         if self._pool is None:
             self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        self.warm_ups.load_before_first_capture(lambda: self.forward(*args))
         graph, output = capture_graph(self.forward, args, self._pool, self._stream)
         self.captured[key] = CapturedGraph(graph, tree_map(non_owning, output), addresses_of(args))
         compilation_counter.num_full_cudagraph_captured += 1

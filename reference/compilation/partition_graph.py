@@ -83,7 +83,6 @@ class PartitionGraph:
             compilation_counter.num_cudagraph_eager_runs += 1
             return self.runnable(args)
         inputs = list(args)  # the partition empties the list it is given; the addresses are kept from this copy
-        self.warm_ups.load_before_first_capture(lambda: self.runnable(list(args)))
         graph, output = capture_graph(self.runnable, (args,), self.pool, self.stream)
         self.captured[size] = CapturedGraph(graph, tree_map(non_owning, output), addresses_of(inputs))
         compilation_counter.num_cudagraph_captured += 1

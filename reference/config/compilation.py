@@ -121,9 +121,9 @@ class CompilationConfig:
       step can have (at most its ``max_num_batched_tokens``).
     * ``max_cudagraph_capture_size`` [512]: largest captured token count (vLLM's default maximum).
     * ``cudagraph_num_of_warmups`` [1]: eager runs of a piece at a size before that size is captured, so
-      lazy initialisation (cuBLAS handles, autotuning) happens outside the graph. With 0 (vLLM's default) each
-      graph wrapper still runs its code once plainly before its first capture, so no capture holds a kernel's
-      first launch (:class:`~reference.compilation.cuda_graph.WarmUpCount`).
+      lazy initialisation (cuBLAS handles, autotuning, Triton loading a kernel) happens outside the graph; at
+      least one, so 0 (vLLM's default) runs as 1
+      (:func:`~reference.compilation.cuda_graph.plain_runs_before_capture` says why).
     * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
     * ``compile_sizes`` [[]] (vLLM's field): token counts at which Inductor also compiles each piece with static
       shapes, beside the one symbolic-shape compile that serves every other count; a call at such a count runs

@@ -41,7 +41,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from reference.compilation import compilation_counter, compile_model, key_prefetch
+from reference.compilation import compilation_counter, compile_model, cuda_graph, key_prefetch
 from reference.compilation.backend import PiecewiseBackend
 from reference.config import CompilationConfig
 from reference.engine import kernel_warm_up
@@ -418,15 +418,16 @@ class ModelRunner:
         self.startup.compile_s = time.perf_counter() - start
         self.startup.compile_cache_hits = compilation_counter.num_cache_hits - hits
         if self.use_cuda_graphs and (piecewise or self.full_sizes):
+            runs = cuda_graph.plain_runs_before_capture(self.config.cudagraph_num_of_warmups) + 1  # then the capture
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
             for size in sorted(piecewise, reverse=True):
                 report(f"capture {size}")
-                for _ in range(self.config.cudagraph_num_of_warmups + 1):
+                for _ in range(runs):
                     self._dummy_step(size)
             for size in sorted(self.full_sizes, reverse=True):
                 report(f"capture full {size}")
-                for _ in range(self.config.cudagraph_num_of_warmups + 1):
+                for _ in range(runs):
                     if self.config.full_graphs_of_every_step:
                         self._dummy_step(size)  # one graph per size serves every kind of step
                     else:

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator
 import torch
 
 
-
 class _Switch(threading.local):
     """Per thread: whether the thread is inside :func:`compile_only`. The class default answers for a thread that
     never entered it without an attribute miss (``getattr`` with a default cost 0.44 us a launch there, 2026-12-07:
