@@ -229,6 +229,25 @@ def test_the_record_says_whether_the_compilers_modules_had_bytecode(tmp_path, ca
     assert noted is not bytecode
 
 
+@pytest.mark.parametrize("kind", ["file", "symlink", "dangling-symlink"])
+def test_a_modes_cache_folder_that_is_a_file_or_a_link_is_replaced_by_a_folder_of_its_own(tmp_path, kind):
+    """The cold start empties ``CACHE_DIR/MODE`` first: where that is a file, or a link (to an earlier run's
+    folder, or to nothing), emptying it with ``rmtree(ignore_errors=True)`` left it in place and the start raised
+    ``NotADirectoryError`` / ``FileExistsError`` deep inside. The link's target is left alone."""
+    target = tmp_path / "elsewhere"
+    (target / "tmp").mkdir(parents=True)
+    mode_folder = tmp_path / "cache" / "eager"
+    mode_folder.parent.mkdir()
+    if kind == "file":
+        mode_folder.write_text("not a folder")
+    else:
+        mode_folder.symlink_to(target if kind == "symlink" else tmp_path / "nothing-here")
+    cold, warm = measure_mode({**TINY, "mode": "eager"}, tmp_path / "cache")
+    assert (cold["start"], warm["start"]) == ("cold", "warm")
+    assert mode_folder.is_dir() and not mode_folder.is_symlink()
+    assert (target / "tmp").is_dir(), "the link's target was emptied"
+
+
 def test_a_childs_known_error_is_its_one_line_message(tmp_path):
     """The child's last three lines of traceback were shown, joined with '|': its cause out of sight."""
     with pytest.raises(StartupError) as error:

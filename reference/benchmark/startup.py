@@ -64,7 +64,8 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         spec: the child's arguments: ``model``, ``mode``, ``device`` (None: cuda if available), ``dtype``
             (``'auto'`` or a name of ``reference.engine.arguments.DTYPES``), ``batch_size``, ``input_len``,
             optionally ``overrides`` (fields over a compiled mode's config, or None).
-        cache_dir: folder holding one cache folder per mode; this mode's is deleted before the cold start.
+        cache_dir: folder holding one cache folder per mode; this mode's is deleted before the cold start (a
+            file or link of that name too: a link's target is left alone).
 
     Returns:
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
@@ -74,9 +75,10 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
 
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
-            child's own one-line error where it found one (a batch no memory holds, a broken checkpoint).
+            child's own one-line error where it found one (a batch no memory holds, a broken checkpoint); or
+            the mode's cache folder could not be removed.
     """
-    shutil.rmtree(Path(cache_dir) / spec["mode"], ignore_errors=True)
+    _remove(Path(cache_dir) / spec["mode"])
     env = {**os.environ, **cache_environment(cache_dir, spec["mode"])}
     Path(env["TMPDIR"]).mkdir(parents=True)  # a TMPDIR that does not exist is ignored
     rows = []
@@ -95,6 +97,21 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
             raise StartupError(f"{spec['mode']} ({start} start): exit {proc.returncode}: {tail}")
         rows.append({"mode": spec["mode"], "start": start, **json.loads(results[-1][len(MARK) :])})
     return rows
+
+
+def _remove(path: Path) -> None:
+    """Remove what ``path`` names: a folder with all it holds, or a file or link (a link's target is left alone).
+
+    Raises:
+        StartupError: it could not be removed (one line: the path and the OS's reason).
+    """
+    try:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+    except OSError as err:
+        raise StartupError(f"--cache-dir: could not empty {path}: {err.strerror or err}") from None
 
 
 def _child(spec: dict) -> dict:

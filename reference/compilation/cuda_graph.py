@@ -2,9 +2,10 @@
 
 A piece receives its token count as int arguments (Dynamo passes each symbolic size a piece uses; the
 token dimensions of ``input_ids`` and ``positions`` may be two symbols that are equal at run time). For a
-size in the capture list the first ``num_warmups`` calls run the piece normally, the next call captures
-it and replays it once (capturing records kernels without running them), and later calls replay. Other
-sizes, and calls whose size arguments disagree, run the piece without a graph.
+size in the capture list the first ``num_warmups`` calls (at least one: :func:`plain_runs_before_capture`) run
+the piece normally, the next call captures it and replays it once (capturing records kernels without running
+them), and later calls replay. Other sizes, and calls whose size arguments disagree, run the piece without a
+graph.
 
 Memory. All pieces and sizes of a model capture into one memory pool. A graph's outputs live in that
 pool; we keep only *non-owning* views of them, so once the caller drops the tensors returned at capture
