@@ -33,8 +33,8 @@ import torch
 
 class _Switch(threading.local):
     """Per thread: whether the thread is inside :func:`compile_only`. The class default answers for a thread that
-    never entered it without an attribute miss (``getattr`` with a default cost 0.44 us a launch there, 2026-12-07:
-    every launch of attention between the piecewise graphs paid it)."""
+    never entered it without an attribute miss, which ``getattr`` with a default paid at every launch of such a
+    thread, attention's between the piecewise graphs among them (perf/NOTES.md v45)."""
 
     compiling = False
 
