@@ -224,6 +224,15 @@ def test_a_failed_compile_leaves_no_triton_mode_set_so_the_thread_can_compile_on
     assert [call[0] for call in kernel.calls] == ["compile"]
 
 
+def test_a_triton_without_a_mode_variable_leaves_the_block_as_well(monkeypatch, triton_mode):
+    """Where Triton's module keeps its mode elsewhere (no ``active_mode``), there is nothing to clear on the way out:
+    the block is left as usual, the switch off."""
+    monkeypatch.delattr(sys.modules[kernel_launch._ASYNC_COMPILE], "active_mode")
+    with kernel_launch.compile_only(workers=1, device="cpu"):
+        assert kernel_launch.compiling_only()
+    assert triton_mode[-1] == "exit" and not kernel_launch.compiling_only()
+
+
 @pytest.mark.parametrize("workers", [0, -1])
 def test_compile_only_refuses_a_pool_of_no_threads_in_one_line(workers):
     with pytest.raises(ValueError, match=rf"^workers: expected at least 1, got {workers}$"):
