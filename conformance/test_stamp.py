@@ -312,6 +312,19 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
 
+@pytest.mark.no_inductor_full
+def test_the_fallback_warning_names_the_callers_line_through_full_graphs_too():
+    """With full graphs the tracing call passes through the full-graph wrapper, one frame more than without:
+    a fixed ``stacklevel`` then named ``reference/compilation/capture.py``."""
+    config = CompilationConfig(level=3, use_inductor=False, cudagraph_mode="full_and_piecewise", splitting_ops=[])
+    compiled = compile_model(IndexedStack().eval(), config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(torch.randn(5, 8))
+    (stamped,) = [w for w in caught if "stamped layers" in str(w.message)]
+    assert points_at(stamped, __file__), f"the warning names {stamped.filename}:{stamped.lineno}"
+
+
 @pytest.mark.parametrize(
     "stack, stamped",
     [
