@@ -312,6 +312,7 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
 
+@pytest.mark.no_inductor
 @pytest.mark.no_inductor_full
 def test_the_fallback_warning_names_the_callers_line_through_full_graphs_too():
     """With full graphs the tracing call passes through the full-graph wrapper, one frame more than without:
