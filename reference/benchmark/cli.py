@@ -13,15 +13,7 @@ from typing import Callable
 
 from reference.benchmark.choices import MODE_KWARGS
 from reference.config import echo
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``): the
-    most intra-op threads a benchmark takes. More only oversubscribe the cores, which swings latencies
-    tenfold on a 2-core machine (perf/NOTES.md, "CPU threads"), or, far above, exhausts the OS's threads."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+from reference.cpus import usable_cpus  # the most intra-op threads a benchmark takes
 
 
 # The environment variables the implementation reads (its modules' ``ENV`` constants and ``os.environ``

@@ -38,7 +38,6 @@ nothing a kernel would have written: its attention reads no cache and its output
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 
@@ -47,6 +46,7 @@ from torch import nn
 
 from reference.compilation import key_prefetch
 from reference.config import CompilationConfig
+from reference.cpus import usable_cpus
 from reference.forward_context import ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata, kernel_launch
 
@@ -54,9 +54,8 @@ from reference.ops import Attention, AttentionMetadata, kernel_launch
 DEVICE_TYPES = frozenset({"cuda"})
 # Threads compiling the step's kernels: a step has 6-12 specialisations (the 8B's: 6), and v35 measured eight
 # compiles at 0.84 s on 8 threads and 0.77 s on 16 (perf/NOTES.md); more than the CPUs this process may run on
-# (its affinity mask: a container or `taskset` may allow fewer than the machine has) cannot help.
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-COMPILE_WORKERS = min(16, _CPUS)
+# cannot help.
+COMPILE_WORKERS = min(16, usable_cpus())
 
 
 def wanted(device: torch.device, config: CompilationConfig) -> bool:
