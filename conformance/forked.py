@@ -6,10 +6,11 @@ selection, the scheduling), each a pytest run or a ``python -m conformance.…``
 imports torch, transformers, Dynamo, Inductor and the reference first: 4-5 s of a fault's 5 s on a 2-core Intel
 machine, 9-10 s on a 2-core AMD EPYC (2026-12-06). :func:`run` forks a server that has imported them once
 (multiprocessing's ``forkserver``, :data:`PRELOAD`); the server runs no torch op, so no thread pool exists to
-be broken by the fork. Where torch sees a CUDA device, :func:`run` starts a fresh interpreter instead: there the
-server's imports initialise CUDA, and a forked child that needs it again fails ("Cannot re-initialize CUDA in
-forked subprocess": five tests of the report and the perf run, H100, 2026-12-06); there the tests, not the
-imports, take the time.
+be broken by the fork. The server's first import (conformance/nvml_device_check.py) has torch count CUDA devices
+through NVML there, so the preload's questions about CUDA leave it uninitialised and a child may use the device;
+with torch's default check the children failed ("Cannot re-initialize CUDA in forked subprocess": five tests of
+the report and the perf run, H100, 2026-12-06), and until 2026-12-07 a CUDA machine started fresh interpreters
+instead (a fault's run there was 13-18 s, perf/NOTES.md v47).
 
 What a fork keeps that a fresh interpreter would not: whatever the server's modules read from the environment
 when they were imported (Hugging Face's ``HF_HUB_OFFLINE``, Inductor's ``TORCHINDUCTOR_*``; of the child's
@@ -42,9 +43,10 @@ from conformance import cores
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the suite's own processes import before their first test or command (what conftest.py, the conformance
-# package, the oracles and the fault catalogue pull in); the server imports them once.
-PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers", "pytest", "hypothesis",
-           "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
+# package, the oracles and the fault catalogue pull in); the server imports them once, after the NVML device check
+# (Inductor's import asks torch whether CUDA is there: with the default check no child could use CUDA, H100)
+PRELOAD = ["conformance.nvml_device_check", "torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers",
+           "pytest", "hypothesis", "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
 _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(PRELOAD)
 
@@ -58,7 +60,7 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """What ``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
     timeout=timeout)`` gives, for ``argv = [sys.executable, "-m", MODULE, *ARGS]``, run in a fork of the
-    preloaded server; where torch sees a CUDA device, in a fresh interpreter as ``subprocess.run`` would.
+    preloaded server.
 
     Args:
         env: the child's whole environment (``os.environ`` when None).
@@ -115,27 +117,21 @@ def _checked(argv: Sequence[str]) -> list[str]:
 
 
 class _Child:
-    """One started ``python -m MODULE ARGS``, its output in two files of ``folder``: a fork of the server, or
-    where torch sees CUDA a fresh interpreter (module doc)."""
+    """One started ``python -m MODULE ARGS``, a fork of the server, its output in two files of ``folder``."""
 
     def __init__(self, argv: list[str], environ: dict[str, str], cwd: str | Path, folder: Path):
         self.out, self.err = folder / "stdout", folder / "stderr"
-        self._fresh = self._forked = None
-        if torch.cuda.is_available():
-            with open(self.out, "w") as out, open(self.err, "w") as err:
-                self._fresh = subprocess.Popen(argv, cwd=cwd, env=environ, stdout=out, stderr=err)
-        else:
-            args = (argv[2], argv[3:], environ, str(cwd), str(self.out), str(self.err))
-            self._forked = _SERVER.Process(target=_main, args=args)
-            self._forked.start()
+        args = (argv[2], argv[3:], environ, str(cwd), str(self.out), str(self.err))
+        self._forked = _SERVER.Process(target=_main, args=args)
+        self._forked.start()
 
     def exitcode(self) -> int | None:
-        return self._fresh.poll() if self._fresh is not None else self._forked.exitcode
+        return self._forked.exitcode
 
     def kill(self) -> None:
         if self.exitcode() is None:
-            (self._fresh or self._forked).kill()
-        self._fresh.wait() if self._fresh is not None else self._forked.join()
+            self._forked.kill()
+        self._forked.join()
 
     def output(self) -> list[str]:
         return [p.read_text(errors="replace") if p.exists() else "" for p in (self.out, self.err)]

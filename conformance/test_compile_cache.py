@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -312,9 +313,8 @@ def test_an_entry_is_written_under_a_temporary_name_and_renamed_into_place(cache
 @pytest.mark.no_inductor
 @pytest.mark.requires("components")
 def test_two_processes_starting_at_once_both_run_and_leave_one_whole_entry(cache, impl, tmp_path):
-    # where CUDA is visible the two are fresh interpreters: they find the conformance package by this, as before
-    env = {**os.environ, cache_key.DISABLE_ENV: "0", "PYTHONPATH": str(Path(__file__).parents[1])}
-    # two processes started at once (forked, on a CPU: a fresh interpreter's imports were 8 of the 15 s; the rank
+    env = {**os.environ, cache_key.DISABLE_ENV: "0"}
+    # two processes started at once (forked: a fresh interpreter's imports were 8 of the 15 s on a CPU; the rank
     # variables run_ranks gives them go unread), from the repository's root (conformance/compile_cache_worker.py)
     argv = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache)]
     children = forked.run_ranks(argv, 2, env=env, timeout=300)
@@ -344,7 +344,8 @@ def test_a_warm_start_in_a_fresh_process_with_no_warm_up_runs_gives_the_cold_sta
     worker = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache), "--device", "cuda", "--mode", mode]
     for name in ("cold", "warm"):
         argv = [*worker, "--overrides", '{"cudagraph_num_of_warmups": 0}', "--save", str(tmp_path / name)]
-        child = forked.run(argv, env=env, timeout=300)
+        # a fresh interpreter each (a cold start: conformance/forked.py's rule), finding conformance by PYTHONPATH
+        child = subprocess.run(argv, cwd=forked.ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert child.returncode == 0, f"the {name} start failed:\n{child.stderr[-3000:]}"
         runs.append(child.stdout)
     assert [re.findall(r"^HITS (\d+)$", out, re.M) for out in runs] == [["0"], ["1"]], runs

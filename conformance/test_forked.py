@@ -42,7 +42,6 @@ def test_a_module_runs_as_python_m_with_its_argv_status_and_output_apart(tmp_pat
     assert proc.stderr.startswith("err\n") and err in proc.stderr, proc.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="there a fresh interpreter runs it: it inherits nothing")
 def test_a_forked_childs_collections_leave_the_preloaded_heap_alone(tmp_path):
     """pytest collects garbage twice as a run ends (its unraisable-exception check): over the server's heap of
     torch, transformers and Inductor that was 0.5 s of a fault's 1.5 s run on a 2-core AMD EPYC (2026-12-06).
@@ -78,7 +77,6 @@ def test_a_forked_pytest_run_has_the_given_environment_threads_and_folder(tmp_pa
 
 
 # a fresh interpreter leaves OMP_NUM_THREADS to OpenMP, which ignores a bad one; pytest's check is conftest.py's
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device forked.run is subprocess.run: no fork")
 @pytest.mark.parametrize("threads", ["4,2", "", "four"])
 def test_a_forked_run_reads_omp_num_threads_as_openmp_does_and_names_a_bad_one(threads, tmp_path):
     """An empty OMP_NUM_THREADS was a ValueError before the run's output was redirected: every fault survived.
@@ -101,7 +99,6 @@ def test_anything_but_python_m_module_is_refused(argv):
         forked.run(argv)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device forked.run is subprocess.run: no fork")
 def test_a_child_past_its_timeout_is_killed_and_raises_with_its_output_as_subprocess_does(tmp_path):
     (tmp_path / "sleeper.py").write_text(
         "import os, sys, time\nprint(os.getpid(), flush=True)\nprint('waiting', file=sys.stderr, flush=True)\n"
@@ -114,15 +111,44 @@ def test_a_child_past_its_timeout_is_killed_and_raises_with_its_output_as_subpro
         os.kill(int(expired.value.output), 0)
 
 
-def test_where_torch_sees_a_cuda_device_it_starts_a_fresh_interpreter(monkeypatch, tmp_path):
-    """A fork of the server cannot use CUDA again (its imports initialised it there): five tests failed on an
-    H100 before this. A fresh interpreter is this process's own child; a fork is the server's."""
+def test_where_torch_sees_a_cuda_device_the_child_is_still_a_fork_of_the_server(monkeypatch, tmp_path):
+    """Until 2026-12-07 a CUDA machine started a fresh interpreter instead, this process's own child; a fork is
+    the server's."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     (tmp_path / "parent.py").write_text(
         "import os, sys\nprint(os.getppid())\nprint(sys.argv[1:], file=sys.stderr)\nsys.exit(int(os.environ['A']))\n"
     )
     proc = forked.run([sys.executable, "-m", "parent", "x"], env={"A": "4"}, cwd=tmp_path, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (4, f"{os.getpid()}\n", "['x']\n")
+    assert (proc.returncode, proc.stderr) == (4, "['x']\n") and int(proc.stdout) != os.getpid(), proc.stdout
+
+
+def test_the_server_turns_on_the_nvml_device_check_before_inductor_asks_for_cuda(tmp_path):
+    """On a GPU, Inductor's import asks torch whether CUDA is there; before the NVML check that left every
+    child unable to use CUDA (H100, perf/NOTES.md v47). The CPU's view of the GPU rule below: the child inherits
+    the server's modules in their import order, and its environment is its caller's, not the server's."""
+    (tmp_path / "order_child.py").write_text(
+        "import os, sys\nloaded = list(sys.modules)\n"
+        "print(loaded.index('conformance.nvml_device_check') < loaded.index('torch._inductor.compile_fx'))\n"
+        "print(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    proc = forked.run([sys.executable, "-m", "order_child"], env=env, cwd=tmp_path, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "True\nNone\n"), proc.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_forked_child_uses_the_device(tmp_path):
+    """The server's imports ask torch whether CUDA is there; with torch's default check that marks the server,
+    and a child forked from it fails at its first CUDA call ("Cannot re-initialize CUDA in forked subprocess",
+    five tests on an H100, perf/NOTES.md v31). conformance/nvml_device_check.py keeps the server unmarked. The
+    child, a fork of the server and not this process's own (which has used CUDA), runs a kernel."""
+    (tmp_path / "cuda_child.py").write_text(
+        "import os, torch\nprint(os.getppid(), torch.ones(3, device='cuda').sum().item())\n"
+    )
+    proc = forked.run([sys.executable, "-m", "cuda_child"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parent, total = proc.stdout.split()
+    assert int(parent) != os.getpid() and total == "3.0", proc.stdout
 
 
 RANK = """\
@@ -150,7 +176,6 @@ def test_ranks_get_torchruns_variables_and_reach_each_other(tmp_path, size):
     assert [line[1] for line in lines] == [str(size * (size + 1) // 2)] * size  # the all-reduce's sum, on each
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the ranks are fresh interpreters: no fork")
 def test_a_failing_rank_ends_the_others_as_torchrun_does(tmp_path):
     """Rank 1 would wait for rank 0 forever (as in a collective); rank 0 fails as soon as rank 1 has written
     its process id (renamed into place whole), so the test knows which process must be gone: a rank 0 that

@@ -7,17 +7,15 @@ plant itself breaking) or a run that selects nothing leaves it uncaught, with th
 :func:`selected_tests` collects, in one process, the tests each fault's ``-k`` expression selects; given
 them, a fault's run collects only their files.
 
-On ``cpu``, where torch sees no CUDA device, each run is a fork of one server process per caller that has
-already imported torch, pytest, transformers, hypothesis and the reference (conformance/forked.py): those
-imports were 4-5 s of a fault's 5 s on a 2-core machine. On ``cuda``, or with a CUDA device present, each run
-is a fresh interpreter: a forked child cannot use CUDA there, and the tests, not the imports, take the time.
+Each run is a fork of one server process per caller that has already imported torch, pytest, transformers,
+hypothesis and the reference (conformance/forked.py): those imports were 4-5 s of a fault's 5 s on a 2-core
+machine. On ``cuda`` too: the server leaves CUDA uninitialised, so the fork may use it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +25,6 @@ from xml.etree import ElementTree
 from conformance import cores, forked
 from conformance.faults.fault import Fault
 
-ROOT = Path(__file__).resolve().parents[2]
 SELF = "conformance/test_faults.py"  # runs run_fault itself: never part of a fault's run
 
 
@@ -76,21 +73,13 @@ def run_fault(
         args = ("-x", "--impl", f"fault:{fault.id}", f"--junitxml={junit}", "-k", fault.tests)
         args += ("--hypothesis-profile=faults",)  # a failure is the verdict; no shrinking of it (conftest.py)
         cmd, env = _command(_pytest_args(device, *args, paths=paths)), _environment(device, jobs)
-        proc = _run(device, cmd, env)
+        proc = forked.run(cmd, env=env)
         failed, errored = _first_failure(junit) if junit.exists() else (None, None)
         if proc.returncode == 1 and failed:
             return failed, ""
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         reason = f"error in {errored}" if errored else f"pytest exit {proc.returncode}"
         return None, f"{fault.id}: {reason}: " + " | ".join(tail)
-
-
-def _run(device: str, cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``cmd`` (``python -m pytest ...``) with ``env``, from ``ROOT``: on ``cpu`` through ``forked.run`` (a fork
-    where torch sees no CUDA device), on ``cuda`` a fresh interpreter."""
-    if device == "cpu":
-        return forked.run(cmd, env=env)
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, errors="replace")
 
 
 def _first_failure(junit: Path) -> tuple[str | None, str | None]:
@@ -128,7 +117,7 @@ def selected_tests(faults: list[Fault], device: str) -> Selection:
         env = {**_environment(device, 1), "FAULT_SELECTION_OUT": str(out)}
         env["FAULT_SELECTION_IDS"] = ",".join(f.id for f in faults)
         cmd = _command(_pytest_args(device, "--collect-only", "-p", "conformance.faults.selection_plugin"))
-        proc = _run(device, cmd, env)
+        proc = forked.run(cmd, env=env)
         if not out.exists():
             raise RuntimeError(f"collection failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
         found = json.loads(out.read_text())
