@@ -14,7 +14,8 @@ What ``tox -e gpu`` runs. The steps, in this order, each in processes of its own
 
 Every step runs even when an earlier one failed (a GPU run is too dear to stop at the first red step);
 the exit status is 1 if any step failed. Each step prints its wall time as it ends, and the record
-(``--record PATH``, JSON) holds the commit, the device, torch, the CPU count, and per step the command,
+(``--record PATH``, JSON) holds the commit, the device, torch, the CPU count and model (the same GPU's run
+took 312 s on one host and over 600 s on another, perf/NOTES.md v47), and per step the command,
 its seconds, its exit status and its counts (tests passed / failed / errors / skipped, or faults caught /
 survived); a pytest step also has the sum of its tests' seconds and its five slowest tests. Arguments
 after ``--`` go to the two pytest runs of the suite (``tox -e gpu -- -k attention``).
@@ -178,6 +179,20 @@ def _end_groups(procs: list[subprocess.Popen]) -> None:
                 pass
 
 
+def cpu_model() -> str:
+    """The host CPU's name: the first ``model name`` of Linux's ``/proc/cpuinfo``, else
+    ``platform.processor()``, else ``"unknown"``."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def _terminated(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through _run_stage, which ends the steps' processes
 
@@ -215,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "steps": steps,
         "total_seconds": round(time.perf_counter() - start, 1),
         "ok": all(step["exit"] == 0 and "error" not in step for step in steps),
