@@ -6,6 +6,7 @@ import importlib.util
 import json
 import py_compile
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from reference.bench_startup import COLUMNS, main
 from reference.benchmark import startup
 from reference.benchmark.machine import COMPILER_MODULES
 from reference.benchmark.startup import PHASES, StartupError, cache_environment, measure_mode
+from reference.config import mode_config
 
 pytestmark = pytest.mark.requires("components")
 
@@ -152,6 +154,7 @@ def test_a_cold_start_compiles_everything_and_a_warm_start_reads_the_cache_it_le
     assert cold["compile_cache_hits"] == 0 and cold["inductor_cache_misses"] > 0, cold
     assert cold["inductor_cache_hits"] == 0, cold
     assert warm["compile_cache_hits"] == 1 and warm["inductor_cache_misses"] == 0, warm  # loading counts as hits
+    assert cold["compile_cache_warnings"] == warm["compile_cache_warnings"] == []
 
 
 def test_a_prompt_longer_than_the_model_is_refused_before_any_start(capsys):
@@ -165,9 +168,47 @@ def test_a_prompt_longer_than_the_model_is_refused_before_any_start(capsys):
     )
 
 
-def _fake_rows(mode):
+def _fake_rows(mode, warm_hits=1, warnings=((), ())):
+    """measure_mode's two rows, the warm one served by the compile cache (``warm_hits``) where the mode traces."""
+    level = mode_config(mode).level if mode != "eager" else 0
     return [{"mode": mode, "start": s, **{p: 0.5 for p in PHASES}, "ready_s": 1.0, "dtype": "float32",
-             "compile_cache_hits": 0, "inductor_cache_hits": 0, "inductor_cache_misses": 0, "capture_sizes": []} for s in ("cold", "warm")]  # fmt: skip
+             "compile_cache_hits": warm_hits if s == "warm" and level >= 2 else 0, "inductor_cache_hits": 0,
+             "inductor_cache_misses": 0, "capture_sizes": [], "compilation_config": {"level": level},
+             "compile_cache_warnings": list(said)} for s, said in zip(("cold", "warm"), warnings)]  # fmt: skip
+
+
+def test_the_compile_caches_warnings_are_read_from_a_childs_stderr_as_pythons_warnings_print_them():
+    said = ["could not write the entry abc (Permission denied); this start is not cached", "entry xyz unusable"]
+    stderr = "".join(warnings.formatwarning(f"compile cache: {text}", RuntimeWarning, "/r/capture.py", 213)
+                     for text in [said[0], said[1], said[0]])  # fmt: skip
+    stderr += warnings.formatwarning("something else", UserWarning, "/r/x.py", 1)
+    assert startup.compile_cache_warnings(stderr) == [f"compile cache: {text}" for text in said]  # once each
+
+
+@pytest.mark.parametrize(
+    "mode, warm_hits, warnings_, note",
+    [
+        ("no_inductor", 1, ((), ()), None),
+        ("breakable", 0, ((), ()), None),  # level 0: no compile cache, its warm row is what it is
+        ("no_inductor", 0, (("compile cache: could not write",), ()), "(cold start: compile cache: could not write)"),
+        ("inductor", 0, ((), ("compile cache: unusable",)), "(warm start: compile cache: unusable)"),
+        ("no_inductor_full", 0, ((), ()), "(neither start printed a compile cache warning)"),
+    ],
+    ids=["hit", "level-0", "cold-could-not-write", "warm-could-not-read", "no-warning"],
+)
+def test_a_warm_start_the_compile_cache_did_not_serve_is_a_note_naming_the_caches_warnings(
+    tmp_path, capsys, monkeypatch, mode, warm_hits, warnings_, note
+):
+    """Its row says only "no" under "compile cache hit"; a reader took it for a slow warm start (a new user's
+    try, perf/NOTES.md v46)."""
+    monkeypatch.setattr(startup, "measure_mode", lambda spec, cache_dir: _fake_rows(spec["mode"], warm_hits, warnings_))
+    main(["--modes", mode, "--device", "cpu"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "not served by the compile cache" in line]
+    if note is None:
+        assert notes == []
+    else:
+        assert notes == [f"python -m reference.bench_startup: note: {mode}'s warm start was not served by the "
+                         f"compile cache, so its row is a second cold start {note}"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

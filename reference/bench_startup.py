@@ -122,6 +122,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def warm_miss_note(mode: str, cold: dict, warm: dict) -> str | None:
+    """Why ``mode``'s warm row is no warm start, or None: a start at level 2 or 3 (the levels the compile cache
+    serves; bench_startup turns the cache on) whose warm start the cache did not serve. It names the compile cache's
+    warnings of the cold start (an entry it could not write) and of the warm one (an entry it could not read), else
+    says that none was printed. Rows as :func:`reference.benchmark.startup.measure_mode` gives them."""
+    if warm["compilation_config"].get("level", 0) < 2 or warm["compile_cache_hits"]:
+        return None
+    said = [f"{start} start: {text}" for start, row in (("cold", cold), ("warm", warm))
+            for text in row["compile_cache_warnings"]]  # fmt: skip
+    reason = "; ".join(said) if said else "neither start printed a compile cache warning"
+    return f"{mode}'s warm start was not served by the compile cache, so its row is a second cold start ({reason})"
+
+
 def _uses_inductor(mode: str, overrides: dict | None) -> bool:
     """Whether ``mode``'s starts compile with Inductor (``use_inductor``; the overrides cannot change it)."""
     config = mode_kwargs(mode, overrides).get("compilation_config", {})
@@ -137,13 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     "compile_cache_hits", "kernel_warm_up_s", "kernel_warm_up_wait_s" (the kernel warm-up's step and the part
     of it the trace did not hide, inside compile_s), "kernel_compile_s" (the step's first pass: its kernels
     compiled and readied on a pool, inside kernel_warm_up_s), "inductor_cache_hits", "inductor_cache_misses",
-    "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used)}],
+    "capture_sizes", "compilation_config" (the config the start ran, resolved), "dtype" (the one used),
+    "compile_cache_warnings" (the compile cache's warnings the start printed)}],
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether the
     modules of the compilers the modes use, Dynamo's and, with an Inductor mode, Inductor's, had bytecode before
     the first start: ``machine.bytecode_at_hand``), "commit", "date",
     "command"}, "stopped" (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds.
-    The modes that finished before a failure or Ctrl-C are printed and written; exit status 1 (a failed start)
-    or 130.
+    A warm start at level 2-3 that the compile cache did not serve gets a note on stderr naming the cache's
+    warnings (:func:`warm_miss_note`). The modes that finished before a failure or Ctrl-C are printed and written;
+    exit status 1 (a failed start) or 130.
     """
     parser = build_parser()
     args = parse_with_vllm_spellings(parser, list(sys.argv[1:] if argv is None else argv))
@@ -197,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
                 stopped, status = f"interrupted during {mode}; the finished modes are above", 130
                 break
             print(f"{mode}: cold ready {rows[-2]['ready_s']:.2f} s, warm {rows[-1]['ready_s']:.2f} s", file=sys.stderr)
+            if note := warm_miss_note(mode, *rows[-2:]):
+                print(f"{PROG}: note: {note}", file=sys.stderr)
     root = Path(__file__).resolve().parents[1]
     env = {
         **machine_info(device),

@@ -71,7 +71,8 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
         (seconds), ``compile_cache_hits``, ``kernel_warm_up_s`` / ``_wait_s``, ``kernel_compile_s`` (the runner's
         :class:`~reference.engine.runner.StartupStats`), ``inductor_cache_hits`` / ``_misses``, ``capture_sizes``,
-        ``compilation_config`` (the config the start ran, resolved), ``dtype``.
+        ``compilation_config`` (the config the start ran, resolved), ``dtype``, ``compile_cache_warnings`` (the
+        compile cache's warnings the start printed: :func:`compile_cache_warnings`).
 
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
@@ -95,8 +96,21 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         if proc.returncode != 0 or not results:
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
             raise StartupError(f"{spec['mode']} ({start} start): exit {proc.returncode}: {tail}")
-        rows.append({"mode": spec["mode"], "start": start, **json.loads(results[-1][len(MARK) :])})
+        row = {"mode": spec["mode"], "start": start, **json.loads(results[-1][len(MARK) :])}
+        row["compile_cache_warnings"] = compile_cache_warnings(proc.stderr)
+        rows.append(row)
     return rows
+
+
+def compile_cache_warnings(stderr: str) -> list[str]:
+    """The compile cache's warnings in a child's stderr, each its message alone (``compile cache: ...``, as
+    :mod:`reference.compilation.compile_cache` and ``capture`` word them), in order, without repeats."""
+    found = []
+    for line in stderr.splitlines():
+        _, mark, message = line.partition("RuntimeWarning: compile cache: ")
+        if mark and f"compile cache: {message}" not in found:
+            found.append(f"compile cache: {message}")
+    return found
 
 
 def _remove(path: Path) -> None:
