@@ -222,6 +222,18 @@ BAD_FLAGS = [
         MODE_FIELD_ERROR.format(fields="level, use_inductor"),
         id="config-sets-level-and-use-inductor",
     ),
+    pytest.param(  # the config's advice names a field the CLI refuses: the mode to pick instead
+        ["-O.cudagraph_capture_sizes=[]"],
+        r"argument --compilation-config: cudagraph_capture_sizes is empty .*or set cudagraph_mode='none' "
+        r"\(here --modes sets it: --modes eager captures no graphs\)",
+        id="advice-to-set-cudagraph-mode",
+    ),
+    pytest.param(
+        ["--modes", "no_inductor", "-O.compile_sizes=[2]"],
+        r"with mode 'no_inductor': compile_sizes is set but use_inductor=False.* set use_inductor=True "
+        r"\(here --modes sets it: --modes inductor or inductor_full compile with Inductor\)",
+        id="advice-to-set-use-inductor",
+    ),
     pytest.param(["--modes", ""], "argument --modes: no mode given", id="empty-modes"),
     pytest.param(["--modes", " , "], "argument --modes: no mode given", id="blank-modes"),
     pytest.param(["--batch-size", "0"], "argument --batch-size: expected an int >= 1, got '0'", id="batch-size-0"),

@@ -46,8 +46,23 @@ def compilation_config_fields(text: str) -> dict[str, Any]:
         CustomOpSelection(config)  # custom-op names
         check_splitting_ops_exist(config.splitting_ops or ())  # splitting-op names, before any model loads
     except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(_with_modes_hint(str(err))) from None
     return fields
+
+
+# What a config error's advice to set a mode-defining field means in the CLIs, where --modes sets it
+MODES_FOR_FIELD = {
+    "level": "--modes eager or breakable run at level 0",
+    "use_inductor": "--modes inductor or inductor_full compile with Inductor",
+    "cudagraph_mode": "--modes eager captures no graphs",
+}
+
+
+def _with_modes_hint(message: str) -> str:
+    """``message`` (a config's own error), with the ``--modes`` to pick where it advises setting a field that
+    ``--compilation-config`` refuses (``MODE_DEFINING_FIELDS``)."""
+    advised = [hint for name, hint in MODES_FOR_FIELD.items() if f"set {name}=" in message]
+    return f"{message} (here --modes sets it: {'; '.join(advised)})" if advised else message
 
 
 def add_compilation_flags(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +131,7 @@ def check_overrides(
         try:
             CompilationConfig.parse(mode_kwargs(mode, overrides)["compilation_config"])
         except ConfigError as err:
-            parser.error(f"--compilation-config: with mode {mode!r}: {err}")
+            parser.error(f"--compilation-config: with mode {mode!r}: {_with_modes_hint(str(err))}")
     from reference.engine.arguments import compile_sizes_never_run, engine_config  # torch
 
     for mode in compiled:
