@@ -7,7 +7,8 @@ imports torch, transformers, Dynamo, Inductor and the reference first: 4-5 s of 
 machine, 9-10 s on a 2-core AMD EPYC (2026-12-06). :func:`run` forks a server that has imported them once
 (multiprocessing's ``forkserver``, :data:`PRELOAD`); the server runs no torch op, so no thread pool exists to
 be broken by the fork. The server's first import (conformance/nvml_device_check.py) has torch count CUDA devices
-through NVML there, so the preload's questions about CUDA leave it uninitialised and a child may use the device;
+through NVML there, so the preload's questions about CUDA leave it uninitialised and a child may use the device
+(where NVML cannot count them, the server is marked after all, and each child execs a fresh interpreter);
 with torch's default check the children failed ("Cannot re-initialize CUDA in forked subprocess": five tests of
 the report and the perf run, H100, 2026-12-06), and until 2026-12-07 a CUDA machine started fresh interpreters
 instead (a fault's run there was 13-18 s, perf/NOTES.md v47).
@@ -45,8 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # What the suite's own processes import before their first test or command (what conftest.py, the conformance
 # package, the oracles and the fault catalogue pull in); the server imports them once, after the NVML device check
 # (Inductor's import asks torch whether CUDA is there: with the default check no child could use CUDA, H100)
-PRELOAD = ["conformance.nvml_device_check", "torch", "torch._dynamo", "torch._inductor.compile_fx", "transformers",
-           "pytest", "hypothesis", "conformance.faults.catalogue", "conformance.oracle", "reference.engine.llm"]  # fmt: skip
+PRELOAD = ["conformance.nvml_device_check", "torch", "torch._dynamo", "torch._inductor.compile_fx",
+           "transformers", "pytest", "hypothesis", "conformance.faults.catalogue", "conformance.oracle",
+           "reference.engine.llm"]  # fmt: skip
 _SERVER = multiprocessing.get_context("forkserver")
 _SERVER.set_forkserver_preload(PRELOAD)
 
@@ -179,6 +181,7 @@ def _main(module: str, args: list[str], env: dict[str, str], cwd: str, stdout: s
     gc.freeze()
     for fd, path in ((1, stdout), (2, stderr)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    _start_afresh_if_cuda_is_unusable(module, args, env, cwd)
     os.environ.clear()
     os.environ.update(env)
     threads, compile_threads = cores.thread_counts(env)  # a bad count raises its one line into stderr
@@ -190,3 +193,13 @@ def _main(module: str, args: list[str], env: dict[str, str], cwd: str, stdout: s
     sys.path.insert(0, cwd)  # as -m puts the working folder first
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _start_afresh_if_cuda_is_unusable(module: str, args: list[str], env: dict[str, str], cwd: str) -> None:
+    """Where the server was marked for CUDA after all (its NVML count failed, as with MIG devices or no NVML
+    library, and torch asked the runtime), this child could not use CUDA: it becomes a fresh interpreter in
+    place (``exec``: same process, same output files), as ``subprocess.run`` would start it. Else nothing."""
+    if torch.cuda._is_in_bad_fork():
+        os.chdir(cwd)
+        os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+

@@ -143,12 +143,29 @@ def test_on_cuda_a_forked_child_uses_the_device(tmp_path):
     five tests on an H100, perf/NOTES.md v31). conformance/nvml_device_check.py keeps the server unmarked. The
     child, a fork of the server and not this process's own (which has used CUDA), runs a kernel."""
     (tmp_path / "cuda_child.py").write_text(
-        "import os, torch\nprint(os.getppid(), torch.ones(3, device='cuda').sum().item())\n"
+        "import os, sys, torch\n"
+        "print(os.getppid(), 'torch._inductor.compile_fx' in sys.modules, torch.ones(3, device='cuda').sum().item())\n"
     )
     proc = forked.run([sys.executable, "-m", "cuda_child"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    parent, total = proc.stdout.split()
-    assert int(parent) != os.getpid() and total == "3.0", proc.stdout
+    parent, preloaded, total = proc.stdout.split()
+    # the server's preloaded modules: a fork, not the fresh interpreter a marked server's child becomes
+    assert int(parent) != os.getpid() and preloaded == "True" and total == "3.0", proc.stdout
+
+
+def test_a_child_of_a_server_marked_for_cuda_becomes_a_fresh_interpreter_in_place(monkeypatch):
+    """Where NVML cannot count the devices, torch's check marks the server after all (conformance/
+    nvml_device_check.py); a child that went on would fail at its first CUDA call."""
+    started = []
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    monkeypatch.setattr(os, "chdir", started.append)
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.append((path, argv, env)))
+    forked._start_afresh_if_cuda_is_unusable("pkg.mod", ["a", "--b"], {"E": "1"}, "/some/folder")
+    assert started == ["/some/folder", (sys.executable, [sys.executable, "-m", "pkg.mod", "a", "--b"], {"E": "1"})]
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    started.clear()
+    forked._start_afresh_if_cuda_is_unusable("pkg.mod", [], {}, "/some/folder")
+    assert started == []
 
 
 RANK = """\
