@@ -1,10 +1,9 @@
 """The fault catalogue (conformance/faults/): the suite must reject every CPU-visible fault it plants.
 
-Each CPU fault runs in a pytest process of its own (a fork of a preloaded server where torch sees no CUDA
-device, conformance/forked.py), through the same function ``python -m conformance.faults`` uses
-(``run_fault``), and must be caught: one of the tests its ``-k`` expression selects must fail (an error does
-not count). That run ignores this file. The catalogue itself is checked too: enough faults,
-unique ids, known kinds and devices, patches that enter and leave, expressions that select tests.
+Each CPU fault runs in a pytest process of its own (a fork of a preloaded server, conformance/forked.py), through the
+same function ``python -m conformance.faults`` uses (``run_fault``), and must be caught: one of the tests its ``-k``
+expression selects must fail (an error does not count). That run ignores this file. The catalogue itself is checked
+too: enough faults, unique ids, known kinds and devices, patches that enter and leave, expressions that select tests.
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
 """The suite against its second subject: ``pytest conformance --impl torch-native`` passes on this machine.
 
-A rule only the reference can meet is a capability the peer does not declare (skipped with the reason) or
-a finding about the peer (a strict xfail, ``findings`` in conformance/torch_native.py), never a red run.
-This runs the suite against torch-native in a process of its own (conformance/forked.py) and asks for exit 0
-and some rules passed. The two machines split the peer's tests between them, each test run once: on the CPU
-(CI) the fast subset (gpu and slow tests deselected: the slow ones time the tools, torchrun's process groups and
-the CLIs, and they would add minutes to CI's 2 cores); where torch sees a GPU, the rest, the gpu and the slow
-tests, but the device-memory ones (they must have the device to themselves, which a run inside the suite cannot
-promise). The GPU run once repeated the fast CPU subset too: 150-206 s a shard of four on an H100 whose whole
-``tox -e gpu`` then outran the device's 10-minute call (perf/NOTES.md v47).
-The run is split into ``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so
-xdist's workers run the shards at once: whole, it was the longest test of the GPU run and the floor under the
-suite's time.
-The run takes ``--impl-tests-only``: torch-native declares ``reached_only_through_impl``, so a test without
-the ``impl`` fixture (or a finding) runs the reference's code under it, and the peer's run of it would repeat
-the reference's (1,624 of the CPU subset's 1,867 tests).
+A rule only the reference can meet is a capability the peer does not declare (skipped with the reason) or a finding
+about the peer (a strict xfail, ``findings`` in conformance/torch_native.py), never a red run. This runs the suite
+against torch-native in a process of its own (conformance/forked.py) and asks for exit 0 and some rules passed. The
+two machines split the peer's tests between them, each test run once: on the CPU (CI) the fast subset (gpu and slow
+tests deselected: the slow ones time the tools, torchrun's process groups and the CLIs, and they would add minutes to
+CI's 2 cores); where torch sees a GPU, the rest, the gpu and the slow tests, but the device-memory ones (they must
+have the device to themselves, which a run inside the suite cannot promise). The findings about torch run on both,
+each machine's torch checked. The GPU run once repeated the fast CPU subset too: 150-206 s a shard of four on an H100
+whose whole ``tox -e gpu`` then outran the device's 10-minute call (perf/NOTES.md v47). The run is split into
+``SHARDS`` (conformance/shard_plugin.py: every N-th test), each a test of its own, so xdist's workers run the shards
+at once: whole, it was the longest test of the GPU run and the floor under the suite's time. The run takes
+``--impl-tests-only``: torch-native declares ``reached_only_through_impl``, so a test without the ``impl`` fixture
+(or a finding) runs the reference's code under it, and the peer's run of it would repeat the reference's (1,624 of
+the CPU subset's 1,867 tests).
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ import pytest
 import torch
 
 from conformance import forked, shard_plugin
+from conformance.report import rule_of
+from conformance.torch_native import TorchNativeImplementation
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,6 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 # interpreter and collection (15 s on an AMD EPYC), and one run of about 150 s is far from the longest
 # worker's share of the suite (2026-12-06)
 SHARDS = 4 if torch.cuda.is_available() else 1
+# The peer's tests each machine's run selects (module doc). A finding (a strict xfail, conformance/torch_native.py)
+# is torch's own behaviour, so both machines check it, each against its torch (CI's 2.13, the GPU image's 2.11).
+CPU_SELECTION = "not gpu and not slow"
+GPU_SELECTION = "(gpu or slow or xfail) and not device_memory"
 
 
 @pytest.mark.slow
@@ -50,7 +55,7 @@ def test_the_suite_passes_against_torch_native(shard, tmp_path):
     cmd = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
            "-p", "conformance.shard_plugin", "--impl", "torch-native", f"--ignore={Path(__file__).relative_to(REPO)}",
            "--ignore=conformance/test_faults.py", "--impl-tests-only", f"--conformance-report={report}"]  # fmt: skip
-    cmd += ["-m", "(gpu or slow) and not device_memory" if torch.cuda.is_available() else "not gpu and not slow"]
+    cmd += ["-m", GPU_SELECTION if torch.cuda.is_available() else CPU_SELECTION]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a run of its own
     env[shard_plugin.ENV] = f"{shard}/{SHARDS}"
     run = forked.run(cmd, env=env, timeout=1200)  # a fork: the imports of a fresh interpreter were 9 s on a CPU
@@ -59,6 +64,25 @@ def test_the_suite_passes_against_torch_native(shard, tmp_path):
     assert run.returncode == 0, f"{where} exited {run.returncode}:\n{tail}"
     rules = json.loads(report.read_text())["rules"]
     assert sum(rule.get("passed", 0) for rule in rules.values()) > 0, tail
+
+
+@pytest.mark.requires("components")
+def test_the_two_machines_runs_of_the_peer_take_each_test_once_and_the_findings_on_both():
+    """Which of the peer's tests CI's run and the GPU run select, as collected here (gpu tests are collected on a
+    CPU too): together every test but the device-memory ones, none twice but the findings."""
+
+    def selected(expression):
+        cmd = [sys.executable, "-m", "pytest", "conformance", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               "--impl", "torch-native", "--impl-tests-only", f"--ignore={Path(__file__).relative_to(REPO)}",
+               "--ignore=conformance/test_faults.py", "-m", expression]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        run = forked.run(cmd, env=env, timeout=300)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        return {line for line in run.stdout.splitlines() if "::" in line}
+
+    cpu, gpu, every = selected(CPU_SELECTION), selected(GPU_SELECTION), selected("not device_memory")
+    findings = {node for node in every if rule_of(node) in TorchNativeImplementation.findings}
+    assert findings and cpu | gpu == every and cpu & gpu == findings, (len(cpu), len(gpu), len(every))
 
 
 @pytest.mark.parametrize("count", [1, 3])
