@@ -344,7 +344,7 @@ def test_a_warm_start_in_a_fresh_process_with_no_warm_up_runs_gives_the_cold_sta
     worker = [sys.executable, "-m", "conformance.compile_cache_worker", str(cache), "--device", "cuda", "--mode", mode]
     for name in ("cold", "warm"):
         argv = [*worker, "--overrides", '{"cudagraph_num_of_warmups": 0}', "--save", str(tmp_path / name)]
-        # a fresh interpreter each (a cold start: conformance/forked.py's rule), finding conformance by PYTHONPATH
+        # a fresh interpreter each (a cold start: conformance/forked.py's rule)
         child = subprocess.run(argv, cwd=forked.ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert child.returncode == 0, f"the {name} start failed:\n{child.stderr[-3000:]}"
         runs.append(child.stdout)
