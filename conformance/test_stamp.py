@@ -312,6 +312,48 @@ def test_a_stack_stamping_cannot_serve_is_traced_whole_after_one_warning(stack, 
     torch.testing.assert_close(compiled(x[:3]), model(x[:3]), rtol=0, atol=0)  # and it stays traced whole
 
 
+@pytest.mark.parametrize(
+    "error, said", [(ValueError("the first line\nthe second"), "ValueError: the first line"), (KeyError(), "KeyError: ")]
+)
+def test_a_trace_that_fails_is_named_by_its_errors_type_and_first_line_in_a_runtime_warning(monkeypatch, error, said):
+    """The reason of :class:`IndexedStack`'s case above is Dynamo's own text, which differs between torch versions;
+    here the stamped trace fails with an error of the test's own before anything is compiled."""
+    model = Stack().eval()
+    x = torch.randn(5, 8)
+    compiled = compile_model(model, CompilationConfig(level=2, use_inductor=False))
+    prefix = compiled.layer_stamp.prefix
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(type(compiled.layer_stamp), "prefix_model", fail)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        output = compiled(x)
+    stamped = [w for w in caught if "stamped layers" in str(w.message)]
+    assert [(w.category, str(w.message)) for w in stamped] == [
+        (RuntimeWarning, f"stamped layers: its trace raised {said}; tracing all 6 layers instead of {prefix}")
+    ]
+    torch.testing.assert_close(output, model(x), rtol=0, atol=0)
+
+
+class RowsStack(Stack):
+    """Returns the rows it is given of the stack's output: an index past them fails in the compiled graph's run."""
+
+    def forward(self, x, rows):
+        return super().forward(x)[rows]
+
+
+def test_an_error_after_the_stamped_graph_compiled_is_the_calls_own_and_not_a_fallback():
+    """Once the backend has compiled the stamped graph, an error is the call's (its input's) own: it reaches the
+    caller as raised, without the fallback's warning and a second trace that would raise it again."""
+    compiled = compile_model(RowsStack().eval(), CompilationConfig(level=2, use_inductor=False))
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(IndexError, match="index 7 is out of bounds"):
+        warnings.simplefilter("always")
+        compiled(torch.randn(5, 8), torch.tensor([7, 0]))
+    assert compiled.backend.traced and not [w for w in caught if "stamped layers" in str(w.message)]
+
+
 @pytest.mark.no_inductor
 @pytest.mark.no_inductor_full
 def test_the_fallback_warning_names_the_callers_line_through_full_graphs_too():
