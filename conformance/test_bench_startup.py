@@ -289,6 +289,17 @@ def test_a_modes_cache_folder_that_is_a_file_or_a_link_is_replaced_by_a_folder_o
     assert (target / "tmp").is_dir(), "the link's target was emptied"
 
 
+def test_a_modes_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
+    """A new user's ``--cache-dir`` of 4,080 characters: the mode's folder could not be made, and the traceback
+    lost the table of the modes that had finished. Here the folder above it is a file."""
+    cache_dir = tmp_path / "a-file"
+    cache_dir.write_text("not a folder")
+    with pytest.raises(StartupError) as error:
+        measure_mode({**TINY, "mode": "eager"}, cache_dir)
+    message = str(error.value)
+    assert message.startswith(f"--cache-dir: could not make {cache_dir / 'eager' / 'tmp'}: ") and "\n" not in message
+
+
 def test_a_childs_known_error_is_its_one_line_message(tmp_path):
     """The child's last three lines of traceback were shown, joined with '|': its cause out of sight."""
     with pytest.raises(StartupError) as error:

@@ -77,11 +77,14 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
             child's own one-line error where it found one (a batch no memory holds, a broken checkpoint); or
-            the mode's cache folder could not be removed.
+            the mode's cache folder could not be removed or made.
     """
     _remove(Path(cache_dir) / spec["mode"])
     env = {**os.environ, **cache_environment(cache_dir, spec["mode"])}
-    Path(env["TMPDIR"]).mkdir(parents=True)  # a TMPDIR that does not exist is ignored
+    try:
+        Path(env["TMPDIR"]).mkdir(parents=True)  # a TMPDIR that does not exist is ignored
+    except OSError as err:
+        raise StartupError(f"--cache-dir: could not make {env['TMPDIR']}: {err.strerror or err}") from None
     rows = []
     for start in STARTS:
         cmd = [sys.executable, "-m", "reference.benchmark.startup", json.dumps(spec)]
