@@ -222,17 +222,30 @@ BAD_FLAGS = [
         MODE_FIELD_ERROR.format(fields="level, use_inductor"),
         id="config-sets-level-and-use-inductor",
     ),
-    pytest.param(  # the config's advice names a field the CLI refuses: the mode to pick instead
+    pytest.param(  # the config's advice names a field the CLI refuses: who sets it here (no loop back to it)
         ["-O.cudagraph_capture_sizes=[]"],
         r"argument --compilation-config: cudagraph_capture_sizes is empty .*or set cudagraph_mode='none' "
-        r"\(here --modes sets it: --modes eager captures no graphs\)",
+        r"\(here --modes sets cudagraph_mode, and every compiled mode captures graphs\) \(see --help\)$",
         id="advice-to-set-cudagraph-mode",
     ),
     pytest.param(
         ["--modes", "no_inductor", "-O.compile_sizes=[2]"],
         r"with mode 'no_inductor': compile_sizes is set but use_inductor=False.* set use_inductor=True "
-        r"\(here --modes sets it: --modes inductor or inductor_full compile with Inductor\)",
+        r"\(here --modes sets use_inductor: inductor and inductor_full compile with Inductor\); "
+        r"or leave no_inductor out of --modes \(see --help\)$",
         id="advice-to-set-use-inductor",
+    ),
+    pytest.param(
+        ["--modes", "breakable,no_inductor", "-O.compile_sizes=[2]"],
+        r"with mode 'breakable': compile_sizes is set but level=0.* use level 2 or 3 with Inductor \(here --modes "
+        r"sets the level: eager and breakable run at 0, the other modes at 3\); or leave breakable out of --modes",
+        id="advice-to-use-a-level",
+    ),
+    pytest.param(  # advice on no mode-defining field: only the way out of the mode
+        ["--modes", "no_inductor", "-O.inductor_compile_config.max_autotune=true"],
+        r"with mode 'no_inductor': inductor_compile_config is set but use_inductor=False; drop one of them; "
+        r"or leave no_inductor out of --modes \(see --help\)$",
+        id="a-modes-error-without-advice-on-its-fields",
     ),
     pytest.param(["--modes", ""], "argument --modes: no mode given", id="empty-modes"),
     pytest.param(["--modes", " , "], "argument --modes: no mode given", id="blank-modes"),

@@ -10,6 +10,7 @@ mode's config, and a compile size no step would run at is refused. Imports no to
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from reference.benchmark.choices import MODE_KWARGS, mode_kwargs
@@ -50,19 +51,24 @@ def compilation_config_fields(text: str) -> dict[str, Any]:
     return fields
 
 
-# What a config error's advice to set a mode-defining field means in the CLIs, where --modes sets it
+# What a config error's advice to set or use a mode-defining field means in the CLIs, where --modes sets it.
+# The config check of the flag's own parse runs on the default config (level 3, Inductor, piecewise graphs),
+# before --modes is read; check_overrides then checks each mode's config.
 MODES_FOR_FIELD = {
-    "level": "--modes eager or breakable run at level 0",
-    "use_inductor": "--modes inductor or inductor_full compile with Inductor",
-    "cudagraph_mode": "--modes eager captures no graphs",
+    "level": "--modes sets the level: eager and breakable run at 0, the other modes at 3",
+    "use_inductor": "--modes sets use_inductor: inductor and inductor_full compile with Inductor",
+    "cudagraph_mode": "--modes sets cudagraph_mode, and every compiled mode captures graphs",
 }
 
 
-def _with_modes_hint(message: str) -> str:
-    """``message`` (a config's own error), with the ``--modes`` to pick where it advises setting a field that
-    ``--compilation-config`` refuses (``MODE_DEFINING_FIELDS``)."""
-    advised = [hint for name, hint in MODES_FOR_FIELD.items() if f"set {name}=" in message]
-    return f"{message} (here --modes sets it: {'; '.join(advised)})" if advised else message
+def _with_modes_hint(message: str, mode: str | None = None) -> str:
+    """``message`` (a config's own error) in the CLIs' terms: where it advises setting or using a field that
+    ``--compilation-config`` refuses (``MODE_DEFINING_FIELDS``), who sets that field here; where it is one
+    ``mode``'s error (the override does not fit that mode), that the mode may be left out. A new user's try
+    followed the config's own advice into a second error (perf/NOTES.md v47)."""
+    advised = [hint for name, hint in MODES_FOR_FIELD.items() if re.search(rf"\b(set|use) {name}\b", message)]
+    message += f" (here {'; '.join(advised)})" if advised else ""
+    return f"{message}; or leave {mode} out of --modes" if mode else message
 
 
 def add_compilation_flags(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +137,7 @@ def check_overrides(
         try:
             CompilationConfig.parse(mode_kwargs(mode, overrides)["compilation_config"])
         except ConfigError as err:
-            parser.error(f"--compilation-config: with mode {mode!r}: {_with_modes_hint(str(err))}")
+            parser.error(f"--compilation-config: with mode {mode!r}: {_with_modes_hint(str(err), mode)}")
     from reference.engine.arguments import compile_sizes_never_run, engine_config  # torch
 
     for mode in compiled:
