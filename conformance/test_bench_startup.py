@@ -193,8 +193,10 @@ def test_the_compile_caches_warnings_are_read_from_a_childs_stderr_as_pythons_wa
         ("no_inductor", 0, (("compile cache: could not write",), ()), "(cold start: compile cache: could not write)"),
         ("inductor", 0, ((), ("compile cache: unusable",)), "(warm start: compile cache: unusable)"),
         ("no_inductor_full", 0, ((), ()), "(neither start printed a compile cache warning)"),
+        ("inductor_full", 0, (("compile cache: a; b",), ("compile cache: c",)),
+         "(cold start: compile cache: a; b | warm start: compile cache: c)"),
     ],
-    ids=["hit", "level-0", "cold-could-not-write", "warm-could-not-read", "no-warning"],
+    ids=["hit", "level-0", "cold-could-not-write", "warm-could-not-read", "no-warning", "both-starts"],
 )
 def test_a_warm_start_the_compile_cache_did_not_serve_is_a_note_naming_the_caches_warnings(
     tmp_path, capsys, monkeypatch, mode, warm_hits, warnings_, note

@@ -131,7 +131,7 @@ def warm_miss_note(mode: str, cold: dict, warm: dict) -> str | None:
         return None
     said = [f"{start} start: {text}" for start, row in (("cold", cold), ("warm", warm))
             for text in row["compile_cache_warnings"]]  # fmt: skip
-    reason = "; ".join(said) if said else "neither start printed a compile cache warning"
+    reason = " | ".join(said) if said else "neither start printed a compile cache warning"  # messages hold "; "
     return f"{mode}'s warm start was not served by the compile cache, so its row is a second cold start ({reason})"
 
 
