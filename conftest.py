@@ -25,8 +25,12 @@ from conformance import cores
 os.environ["REFERENCE_DISABLE_COMPILE_CACHE"] = "1"
 # The fault catalogue's runs (conformance/faults/run.py) ask whether some test fails, not for the smallest
 # example that fails: hypothesis's shrinking of a planted fault's first failure was most of those runs (22 s of
-# row-handed-out-in-its-last-step's on a 2-core AMD EPYC). ``--hypothesis-profile=faults`` leaves it out.
-settings.register_profile("faults", phases=[p for p in Phase if p not in (Phase.shrink, Phase.explain)])
+# row-handed-out-in-its-last-step's on a 2-core AMD EPYC). ``--hypothesis-profile=faults`` leaves it out, and
+# keeps no example database: a fault's verdict must not hang on the examples that earlier runs (of other faults,
+# or of the reference) saved; on CI's fresh clone there are none.
+settings.register_profile(
+    "faults", database=None, phases=[p for p in Phase if p not in (Phase.shrink, Phase.explain)]
+)
 cores.refuse_bad_counts("pytest")  # before anything imports Inductor; a conftest cannot raise UsageError yet
 from conformance.report import IMPLEMENTATION, ConformanceReport
 from conformance.selection import check_impl_tests_only, load_implementation

@@ -143,7 +143,7 @@ def test_a_faults_run_collects_only_the_files_of_its_selected_tests(monkeypatch)
     assert argv[argv.index("-k") + 1] == fault.tests
 
 
-def test_a_faults_run_does_not_shrink_hypothesis_examples(monkeypatch):
+def test_a_faults_run_does_not_shrink_hypothesis_examples_nor_keep_them(monkeypatch):
     """A fault's verdict is whether a test fails; shrinking the first failing example took 22 of the 25 s of
     row-handed-out-in-its-last-step's run on a 2-core AMD EPYC."""
     from hypothesis import Phase, settings
@@ -153,8 +153,9 @@ def test_a_faults_run_does_not_shrink_hypothesis_examples(monkeypatch):
     run_fault(CPU_FAULTS[0], "cpu", 1, ["conformance/test_a.py::test_y"])
     (argv,) = runs
     assert "--hypothesis-profile=faults" in argv
-    phases = settings.get_profile("faults").phases
-    assert Phase.generate in phases and Phase.shrink not in phases
+    profile = settings.get_profile("faults")
+    assert Phase.generate in profile.phases and Phase.shrink not in profile.phases
+    assert profile.database is None  # no examples that earlier runs saved
 
 
 def test_a_faults_run_and_the_selection_leave_assertions_unrewritten(monkeypatch, tmp_path):
