@@ -5,6 +5,7 @@ the private forward each compiled model gets, the one warning without CUDA, the 
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -153,6 +154,16 @@ def test_splitting_ops_that_the_graph_never_calls_are_named_in_the_warning(split
         "included, if it is in the graph); splitting ops must be torch.library custom ops, which Dynamo keeps as "
         "graph nodes"
     ]
+
+
+@pytest.mark.no_inductor
+def test_a_tagged_op_the_graph_calls_does_not_stand_in_for_named_splitting_ops_it_never_calls():
+    """Only Inductor's graph partition cuts at every tagged op whatever splitting_ops names; without it, naming
+    ops the graph lacks leaves the model one piece, and that is the warning even though a tagged op is called."""
+    compiled = compile_model(_Tagged(), _config(level=3, splitting_ops=["reference::attention"]))
+    with pytest.warns(RuntimeWarning, match=re.escape("none of splitting_ops (['reference::attention'])")):
+        compiled(torch.randn(4, 8))
+    assert len(compiled.backend.pieces) == 1
 
 
 def test_a_second_trace_is_refused_in_full():

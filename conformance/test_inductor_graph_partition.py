@@ -236,6 +236,14 @@ def test_without_graphs_inductor_may_cut_at_an_op_that_returns_tensors(impl):
     make_runner(impl, "inductor", hf, cudagraph_mode="none", **CUT_AT_A_RETURNING_OP).warm_up()
 
 
+def test_with_inductors_partition_the_fx_split_keeps_the_graph_one_piece(impl):
+    """Inductor's partition cuts at the splitting ops; the FX split must not cut there too, or each partition
+    would be a compile of its own (without the float64 run of the rule above: the mutation run's cheap check)."""
+    hf = small_llama_config(num_hidden_layers=1)
+    with expect_counters(num_graphs_seen=1, num_piecewise_graphs_seen=1, num_inductor_compiles=1):
+        make_runner(impl, "inductor", hf, use_inductor_graph_partition=True, cudagraph_mode="none").warm_up()
+
+
 def test_naming_an_op_the_graph_lacks_is_no_warning_where_inductor_still_cuts_at_attention(impl, recwarn):
     """With custom_ops none rms_norm is not in the graph: the FX split would be one piece (a warning), Inductor's
     partition still cuts at the tagged attention (none)."""

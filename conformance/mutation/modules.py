@@ -96,6 +96,12 @@ MODULES: dict[str, Module] = {
             "apart_from_one_without",
             "conformance/test_inductor_graph_partition.py::test_the_cache_key_pass_says_whether_a_partition_wrapper_is_"
             "installed",
+            # the FX split's one piece under the partition, and the splitting-op warning's partition branch (the
+            # compilation run of 2026-12-07 left both alive: no selected test reached them)
+            "conformance/test_inductor_graph_partition.py::test_with_inductors_partition_the_fx_split_keeps_the_graph_"
+            "one_piece",
+            "conformance/test_inductor_graph_partition.py::test_naming_an_op_the_graph_lacks_is_no_warning_where_"
+            "inductor_still_cuts_at_attention",
             # the backend's use of the key (identical pieces share one Inductor compile), by node id as above
             "conformance/test_piece_key.py::test_with_inductor_each_program_compiles_once_and_each_piece_computes_its_"
             "own_layer",
