@@ -147,10 +147,19 @@ def test_an_unknown_dtype_is_one_line_listing_the_allowed_ones():
     assert str(err.value) == "dtype: expected one of ['auto', 'float32', 'bfloat16', 'float16'], got 'fp8'"
 
 
-def test_max_model_len_below_one_is_one_line_naming_it():
+@pytest.mark.parametrize("max_model_len", [0, 1])
+def test_max_model_len_below_two_is_one_line_naming_it(max_model_len):
+    """A request holds at least one prompt token and one generated token, so an LLM of one token per sequence
+    could serve nothing: every request would fail its own length check."""
     with pytest.raises(ValueError) as err:
-        arguments.resolve_max_model_len(0, 128)
-    assert str(err.value) == "max_model_len: expected an int >= 1, got 0"
+        arguments.resolve_max_model_len(max_model_len, 128)
+    assert str(err.value) == (
+        f"max_model_len: expected an int >= 2 (one prompt token and one generated token), got {max_model_len}"
+    )
+
+
+def test_max_model_len_of_two_is_the_least_taken():
+    assert arguments.resolve_max_model_len(2, 128) == 2
 
 
 @pytest.mark.parametrize("cuda", [True, False])

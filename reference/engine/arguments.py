@@ -82,10 +82,18 @@ def resolve_dtype(dtype: str, configured: Any, device: torch.device) -> torch.dt
 
 
 def resolve_max_model_len(max_model_len: int | None, max_positions: int) -> int:
-    """Tokens per sequence: default ``min(max_positions, 2048)``, at most ``max_positions``."""
+    """Tokens per sequence: default ``min(max_positions, 2048)``, at least 2 (a request holds at least one
+    prompt token and one generated token), at most ``max_positions``.
+
+    Raises:
+        ValueError: one line naming ``max_model_len``, if it is not an int in ``[2, max_positions]``.
+    """
     if max_model_len is None:
         return min(max_positions, DEFAULT_MAX_MODEL_LEN)
-    check_positive("max_model_len", max_model_len)
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
+        raise ValueError(
+            f"max_model_len: expected an int >= 2 (one prompt token and one generated token), got {echo(max_model_len)}"
+        )
     check_within_positions(max_model_len, max_positions)
     return max_model_len
 

@@ -51,7 +51,7 @@ class LLM:
         dtype: ``'auto'`` (the checkpoint config's dtype if it is one of the others, else bfloat16 on CUDA
             and float32 on CPU), ``'float32'``, ``'bfloat16'`` or ``'float16'``.
         max_model_len: tokens per sequence (prompt + generated); default
-            ``min(max_position_embeddings, 2048)``; at most ``max_position_embeddings``.
+            ``min(max_position_embeddings, 2048)``; at least 2 and at most ``max_position_embeddings``.
         max_num_seqs: sequences running at once (KV-cache rows), >= 1.
         max_num_batched_tokens: most tokens per step (decodes first, prompt chunks in the rest). Default
             ``max_num_seqs * max_model_len``; at least ``max_num_seqs`` and at most
