@@ -268,6 +268,12 @@ BAD_FLAGS = [
         id="level-and-modes",
     ),
     pytest.param(["-O4"], r"-O: optimization level expected 0, 1, 2 or 3, got '4'", id="level-4"),
+    pytest.param(  # as in vLLM, -O=TEXT is a level; a dict there is a config given the wrong way, so say how
+        ['-O={"level": 3}'],
+        r"""-O: optimization level expected 0, 1, 2 or 3, got '\{"level": 3\}'; a compilation config goes as """
+        r"""-O '\{\.\.\.\}' \(a space, no '='\) or --compilation-config=\{\.\.\.\}""",
+        id="config-after-O-equals",
+    ),
     pytest.param(["--optimization-level", "x"], r"optimization level expected 0, 1, 2 or 3, got 'x'", id="level-x"),
     pytest.param(["-O2", "--enforce-eager"], "--enforce-eager contradicts -O2", id="level-and-enforce-eager"),
     pytest.param(

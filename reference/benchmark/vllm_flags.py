@@ -164,6 +164,11 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
             text = arg[3:] if arg.startswith("-O=") else arg[2:]
             if not text.strip():
                 raise _no_level("-O")
+            if text.lstrip().startswith("{"):  # a config where a level goes: vLLM reads it as a level too
+                raise ConfigError(
+                    f"-O: optimization level expected {_LEVELS}, got {echo(text)}; a compilation config goes as "
+                    "-O '{...}' (a space, no '=') or --compilation-config={...}"
+                )
             levels.append((arg, _level("-O", text)))
         elif arg in _WHOLE:
             value = next(args, "")
