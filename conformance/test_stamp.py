@@ -28,6 +28,7 @@ from reference.models.gemma3 import Gemma3ForCausalLM
 from reference.models.llama import LlamaForCausalLM
 from reference.models.presets import GEMMA_3_TINY, LLAMA_TINY, QWEN3_TINY
 from reference.models.qwen3 import Qwen3ForCausalLM
+from reference.models.silly import SILLY_SPLITTING_OPS, silly_attention
 from reference.models.weights import init_random_weights
 from reference.ops import CustomOpSelection
 
@@ -467,6 +468,59 @@ def test_a_piece_given_one_fake_value_twice_is_refused():
         stamp.check_distinct_inputs([piece])
     b.meta["example_value"] = torch.empty(2)
     stamp.check_distinct_inputs([piece])
+
+
+class CarryLayer(nn.Module):
+    """``(x [T, 8], carried [T, 8]) -> (out, y)``: ``y`` is made before a splitting op, and read after it beside
+    the previous layer's ``y`` (``carried``): the piece after each split takes two copies of one traced node."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x, carried):
+        y = self.linear(x)
+        out = torch.empty_like(y)
+        silly_attention(y, y, y, out)  # the split
+        return out + y + carried, y
+
+
+class CarryStack(Stack):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(CarryLayer() for _ in range(6))
+
+    def forward(self, x):
+        carried = torch.zeros_like(x)
+        for layer in self.layers:
+            x, carried = layer(x, carried)
+        return x
+
+
+@pytest.mark.no_inductor
+def test_a_stamped_split_whose_piece_takes_two_copies_of_one_node_is_traced_whole():
+    """Stamping itself serves :class:`CarryStack` (each layer reads only its own values and the layer before's);
+    its split does not, since a piece would take two stamped values sharing one fake tensor, so the backend
+    refuses it (:func:`stamp.check_distinct_inputs`) and the model is traced whole after one warning."""
+    model = CarryStack().eval()
+    x = torch.randn(5, 8)
+    config = CompilationConfig(level=3, use_inductor=False, splitting_ops=list(SILLY_SPLITTING_OPS))
+    compiled = compile_model(model, config)
+    with (
+        torch.no_grad(),
+        expect_counters(num_layers_stamped=0, num_graphs_seen=1),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        output = compiled(x)
+        expected = model(x)
+    messages = [str(w.message) for w in caught if "stamped layers" in str(w.message)]
+    assert len(messages) == 1 and re.fullmatch(
+        r"stamped layers: submod_\d+ would take two stamped values that share one fake tensor; "
+        r"tracing all 6 layers instead of 4",
+        messages[0],
+    ), messages
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
 
 
 def relative(text: str) -> str:

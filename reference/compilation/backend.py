@@ -221,6 +221,8 @@ class PiecewiseBackend:
         split, pieces = split_graph(gm, () if partition else cuts)
         if extra is not None:
             check_distinct_inputs(pieces)
+            # counted once the stamped graph is taken: a refused one is traced whole, and none of it is left
+            compilation_counter.num_layers_stamped += self.layer_stamp.stamped
         self._traced = True
         compilation_counter.num_graphs_seen += 1
         # Inductor's partition cuts at the tagged ops whatever splitting_ops names

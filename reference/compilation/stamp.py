@@ -48,7 +48,6 @@ import torch
 from torch import nn
 from torch.fx.node import map_aggregate
 
-from reference.compilation.counters import compilation_counter
 
 Node = torch.fx.Node
 
@@ -197,8 +196,12 @@ class LayerStamp:
         extra = self._copy(gm, blocks, block_of, values, templates, tail, placeholders)
         gm.graph.lint()
         gm.recompile()
-        compilation_counter.num_layers_stamped += len(self.kinds) - self.prefix
         return gm, [*example_inputs, *extra], extra
+
+    @property
+    def stamped(self) -> int:
+        """How many layers :meth:`stamp` copies (those after the prefix)."""
+        return len(self.kinds) - self.prefix
 
     def _layer_of(self, node: Node) -> int | None:
         for dynamo_path, _ in (node.meta.get("nn_module_stack") or {}).values():
