@@ -804,13 +804,15 @@ def test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_do
     memory waits for everything queued before it, even with ``non_blocking=True``, and torch's sync debug
     mode does not see that wait (the test above would pass): every step would stall the host, with the same
     tokens. Here about 50 ms of device work is queued before the copy, which must return while it runs."""
-    tokens = torch.arange(8, device="cuda")
+    tokens = torch.arange(8, device="cuda").reshape(2, 4)  # int64, as sampled
     torch.cuda.synchronize()
     torch.cuda._sleep(100_000_000)  # about 50 ms at the H200's 1.98 GHz
     host, copied = llm_engine_module._copy_to_host(tokens)
     returned_early = not copied.query()
     copied.synchronize()
-    assert host.tolist() == list(range(8))
+    assert host.device.type == "cpu" and host.is_pinned()
+    assert host.dtype == tokens.dtype and host.shape == tokens.shape  # tolist() would take 0.0 for 0
+    assert host.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert returned_early, "the copy returned only once the device had finished the work queued before it"
 
 
