@@ -32,6 +32,7 @@ from reference.compilation.cuda_graph import (
     collection_paused,
     in_full_graph,
     non_owning,
+    replays_after_capture,
 )
 from reference.compilation.split import is_splitting_op, op_name
 from reference.config import ConfigError
@@ -165,7 +166,8 @@ class BreakableCUDAGraphs:
         def end() -> None:
             graph = current.pop()
             graph.capture_end()
-            graph.replay()  # run what was recorded: the op after it needs the values
+            if replays_after_capture():
+                graph.replay()  # run what was recorded: the op after it needs the values
             steps.append(graph)
 
         def on_split(func, op_args, op_kwargs):

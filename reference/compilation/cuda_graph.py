@@ -4,8 +4,8 @@ A piece receives its token count as int arguments (Dynamo passes each symbolic s
 token dimensions of ``input_ids`` and ``positions`` may be two symbols that are equal at run time). For a
 size in the capture list the first ``num_warmups`` calls (at least one: :func:`plain_runs_before_capture`) run
 the piece normally, the next call captures it and replays it once (capturing records kernels without running
-them), and later calls replay. Other sizes, and calls whose size arguments disagree, run the piece without a
-graph.
+them; not for a caller that reads no output: :func:`outputs_unread`), and later calls replay. Other sizes, and
+calls whose size arguments disagree, run the piece without a graph.
 
 Memory. All pieces and sizes of a model capture into one memory pool. A graph's outputs live in that
 pool; we keep only *non-owning* views of them, so once the caller drops the tensors returned at capture
@@ -55,6 +55,37 @@ def inside_full_graph() -> Iterator[None]:
         _InsideFullGraph.active = False
 
 
+class _OutputsUnread:
+    """Whether the caller discards what the block's calls return (the runner's capture steps): a capture then
+    skips the replay that fills its call's outputs (:func:`outputs_unread`)."""
+
+    active = False
+
+
+@contextlib.contextmanager
+def outputs_unread() -> Iterator[None]:
+    """Run the block's captures without the replay that fills their outputs, for a caller that reads none of them.
+
+    A capture records kernels without running them, so inside the block a capturing call returns pool memory
+    that holds whatever it held before, and the eager ops between graphs (the splitting ops: attention) compute
+    from those values. The runner's warm-up steps discard every result, and attention neither indexes by nor
+    branches on the values it reads (its KV-cache slots and lengths come from the step's metadata), so nothing
+    there depends on them. Each graph's first replay, which also uploads it to the device, then comes at its
+    first real step. Why: in a profile of a warm 8B start those replays took about as long as the captures
+    themselves (perf/NOTES.md v29, v48). vLLM's capture runs likewise return outputs that no replay filled.
+    """
+    _OutputsUnread.active = True
+    try:
+        yield
+    finally:
+        _OutputsUnread.active = False
+
+
+def replays_after_capture() -> bool:
+    """Whether a capture replays its graph at once to fill its call's outputs (outside :func:`outputs_unread`)."""
+    return not _OutputsUnread.active
+
+
 def in_full_graph() -> bool:
     """True inside :func:`inside_full_graph`."""
     return _InsideFullGraph.active
@@ -86,11 +117,11 @@ def collection_paused() -> Iterator[None]:
 
 def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") -> tuple["torch.cuda.CUDAGraph", Any]:
     """Capture ``fn(*args)`` into a new graph in memory pool ``pool`` on side stream ``stream``, then
-    replay it once (capture only records kernels) so the returned output holds this call's values. No
-    garbage collection runs during the capture (:func:`collection_paused`).
+    replay it once (capture only records kernels) so the returned output holds this call's values, except
+    inside :func:`outputs_unread`. No garbage collection runs during the capture (:func:`collection_paused`).
 
     Returns:
-        The graph and ``fn``'s output (owning tensors, in pool memory).
+        The graph and ``fn``'s output (owning tensors, in pool memory; unfilled inside :func:`outputs_unread`).
     """
     graph = torch.cuda.CUDAGraph()
     stream.wait_stream(torch.cuda.current_stream())
@@ -101,7 +132,8 @@ def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") 
         finally:
             graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
+    if replays_after_capture():
+        graph.replay()
     return graph, output
 
 

@@ -388,7 +388,9 @@ class ModelRunner:
         makes one) and, on CUDA, capture every piecewise size (but 1 when full graphs serve it), then every
         full-graph size, largest first; returns the costs.
 
-        Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA without Inductor, while
+        Capturing the largest size first lets smaller sizes reuse its pool memory. The capturing steps' results
+        are dropped, so no graph is replayed at its capture (:func:`~reference.compilation.cuda_graph.outputs_unread`):
+        each is first replayed, and uploaded, at its first real step. On CUDA without Inductor, while
         the reference's backend traces the model, one eager step on a thread compiles the custom ops' Triton
         kernels (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
 
@@ -421,17 +423,18 @@ class ModelRunner:
             runs = cuda_graph.plain_runs_before_capture(self.config.cudagraph_num_of_warmups) + 1  # then the capture
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
-            for size in sorted(piecewise, reverse=True):
-                report(f"capture {size}")
-                for _ in range(runs):
-                    self._dummy_step(size)
-            for size in sorted(self.full_sizes, reverse=True):
-                report(f"capture full {size}")
-                for _ in range(runs):
-                    if self.config.full_graphs_of_every_step:
-                        self._dummy_step(size)  # one graph per size serves every kind of step
-                    else:
-                        self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
+            with cuda_graph.outputs_unread():  # the dummy steps' results are dropped: no replay fills them
+                for size in sorted(piecewise, reverse=True):
+                    report(f"capture {size}")
+                    for _ in range(runs):
+                        self._dummy_step(size)
+                for size in sorted(self.full_sizes, reverse=True):
+                    report(f"capture full {size}")
+                    for _ in range(runs):
+                        if self.config.full_graphs_of_every_step:
+                            self._dummy_step(size)  # one graph per size serves every kind of step
+                        else:
+                            self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
