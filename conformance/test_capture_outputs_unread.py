@@ -7,7 +7,8 @@ Everywhere else a capture still replays: a compiled model called directly return
 (the warm-up count rule in test_cuda_graph_warmups.py checks them bitwise).
 
 On any device, the switch itself: the one capture function every graph kind uses (pieces, full graphs, Inductor's
-partitions) replays outside the block and not inside it, and the block always ends switched off. On CUDA (marked
+partitions) replays outside the block and not inside it, and the block always ends switched off; and a size's
+steps stop at the one that captured (the tracing call may have been the largest size's plain run). On CUDA (marked
 gpu), the runner's whole warm-up replays nothing, and what the runner computes after it (a prefill and decode
 steps that read the KV cache) is bitwise what the same runner computes after a warm-up that replays: nothing
 depends on the values the captures left unfilled, the KV-cache entries the capturing steps wrote from them
@@ -23,9 +24,9 @@ import torch
 
 from conformance.driver import prefill_and_decode
 from conformance.helpers import build_llama, small_llama_config
-from reference.compilation import cuda_graph
+from reference.compilation import compilation_counter, cuda_graph
 from reference.config import mode_config
-from reference.engine.runner import ModelRunner
+from reference.engine.runner import ModelRunner, steps_until_captured
 
 
 class _Graph:
@@ -73,6 +74,26 @@ def test_outputs_unread_ends_switched_off_when_its_block_raises():
     with pytest.raises(ValueError), cuda_graph.outputs_unread():
         raise ValueError("a failed capture step")
     assert cuda_graph.replays_after_capture()
+
+
+@pytest.mark.parametrize(
+    "captures_at, counter, calls",
+    [
+        (1, "num_cudagraph_captured", 1),  # the tracing call was the size's plain run: no step that only replays
+        (2, "num_cudagraph_captured", 2),
+        (2, "num_full_cudagraph_captured", 2),
+        (None, "num_cudagraph_captured", 2),  # graphs that count nothing (the peer's) get every step
+    ],
+)
+def test_a_sizes_steps_stop_at_the_one_that_captured(monkeypatch, captures_at, counter, calls):
+    made = []
+
+    def step():
+        made.append(1)
+        if len(made) == captures_at:
+            monkeypatch.setattr(compilation_counter, counter, getattr(compilation_counter, counter) + 1)
+
+    assert steps_until_captured(step, 2) == calls and len(made) == calls
 
 
 def _runner(mode: str) -> ModelRunner:

@@ -32,6 +32,7 @@ import bisect
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import time
 import warnings
@@ -109,6 +110,28 @@ def _input_buffer_len(max_num_tokens: int) -> int:
     equal sizes one symbol (duck sizing), and an implementation that keeps Dynamo's guards (torch-native)
     would otherwise guard the view's size against its base's and recompile at the first shorter step."""
     return max(max_num_tokens, 2) + 1
+
+
+def steps_until_captured(step: Callable[[], None], runs: int) -> int:
+    """Run ``step`` (one capture size's dummy step) up to ``runs`` times, stopping after the call that captured a
+    graph; returns the calls made.
+
+    ``runs`` is the plain runs a size needs plus its capture, but an earlier call at the size may already have
+    been its plain run: the tracing call runs at the largest size, through the pieces' graph wrappers. A step
+    after the capture would only replay what it captured (about one replay per piece, whose results the
+    warm-up drops). Captures are read off the compilation counters, piecewise and full; an implementation whose
+    graphs count none (the torch-native peer's) gets its ``runs`` calls.
+    """
+
+    def captured() -> int:
+        return compilation_counter.num_cudagraph_captured + compilation_counter.num_full_cudagraph_captured
+
+    for call in range(1, runs + 1):
+        before = captured()
+        step()
+        if captured() > before:
+            return call
+    return runs
 
 
 def memory_needed(model: nn.Module, max_num_seqs: int, max_model_len: int, max_num_tokens: int) -> int:
@@ -426,15 +449,14 @@ class ModelRunner:
             with cuda_graph.outputs_unread():  # the dummy steps' results are dropped: no replay fills them
                 for size in sorted(piecewise, reverse=True):
                     report(f"capture {size}")
-                    for _ in range(runs):
-                        self._dummy_step(size)
+                    steps_until_captured(functools.partial(self._dummy_step, size), runs)
                 for size in sorted(self.full_sizes, reverse=True):
                     report(f"capture full {size}")
-                    for _ in range(runs):
-                        if self.config.full_graphs_of_every_step:
-                            self._dummy_step(size)  # one graph per size serves every kind of step
-                        else:
-                            self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
+                    if self.config.full_graphs_of_every_step:
+                        step = functools.partial(self._dummy_step, size)  # one graph per size serves every step
+                    else:  # a uniform decode step
+                        step = functools.partial(self.forward, [[0]] * size, [0] * size, list(range(size)))
+                    steps_until_captured(step, runs)
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
