@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import backend, cuda_graph
+from reference.compilation import backend, breakable, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
 from reference.compilation.partition_graph import partition_wrappers
 from reference.compilation.stale_outputs import StaleOutputGuard
@@ -188,10 +188,13 @@ FAULTS = [
     Fault(
         id="capture-returns-unfilled-outputs",
         kind="capture",
-        description="a piece's capture never replays its graph, so a compiled model called directly returns, at "
-        "each size's capture call, pool memory that no kernel has written yet (the runner's warm-up drops those "
-        "results and may skip the replay; no other caller may)",
-        plant=patches(mock.patch.object(cuda_graph, "replays_after_capture", _never_replay_after_capture)),
+        description="a capture (a piece's, a breakable segment's) never replays its graph, so a compiled model "
+        "called directly returns, at each size's capture call, pool memory that no kernel has written yet (the "
+        "runner's warm-up drops those results and may skip the replay; no other caller may)",
+        plant=patches(
+            mock.patch.object(cuda_graph, "replays_after_capture", _never_replay_after_capture),
+            mock.patch.object(breakable, "replays_after_capture", _never_replay_after_capture),
+        ),
         tests="test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs",
         device="cuda",
     ),

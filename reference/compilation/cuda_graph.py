@@ -67,12 +67,15 @@ def outputs_unread() -> Iterator[None]:
     """Run the block's captures without the replay that fills their outputs, for a caller that reads none of them.
 
     A capture records kernels without running them, so inside the block a capturing call returns pool memory
-    that holds whatever it held before, and the eager ops between graphs (the splitting ops: attention) compute
-    from those values. The runner's warm-up steps discard every result, and attention neither indexes by nor
-    branches on the values it reads (its KV-cache slots and lengths come from the step's metadata), so nothing
-    there depends on them. Each graph's first replay, which also uploads it to the device, then comes at its
-    first real step. Why: in a profile of a warm 8B start those replays took about as long as the captures
-    themselves (perf/NOTES.md v29, v48). vLLM's capture runs likewise return outputs that no replay filled.
+    that holds whatever it held before, and the eager ops between graphs (the splitting ops) compute from those
+    values. The runner's warm-up steps discard every result. Attention, the default splitting op, neither
+    indexes by nor branches on the values it reads (its KV-cache slots and lengths come from the step's
+    metadata); what it writes into the KV cache the runner zeroes after the block. A splitting op of the user's
+    that indexes by a computed value, or reads one on the host, must not run inside the block. Each graph's first
+    replay, which also uploads it to the device, then comes at its first real step. Why: in a profile of a warm
+    8B start those replays took about as long as the captures themselves (perf/NOTES.md v29, v48). vLLM's
+    piecewise capture runs likewise return outputs that no replay filled (they skip attention). The switch is
+    the process's, like :func:`inside_full_graph`'s: one thread captures at a time.
     """
     _OutputsUnread.active = True
     try:

@@ -49,7 +49,7 @@ from reference.engine import kernel_warm_up
 from reference.engine.arguments import check_within_positions
 from reference.engine.graph_plan import plan_graphs
 from reference.engine.kernel_warm_up import KernelWarmUp
-from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
+from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes, zero_kv_caches
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata, dependent_launch
@@ -120,7 +120,11 @@ def steps_until_captured(step: Callable[[], None], runs: int) -> int:
     been its plain run: the tracing call runs at the largest size, through the pieces' graph wrappers. A step
     after the capture would only replay what it captured (about one replay per piece, whose results the
     warm-up drops). Captures are read off the compilation counters, piecewise and full; an implementation whose
-    graphs count none (the torch-native peer's) gets its ``runs`` calls.
+    graphs count none (the torch-native peer's) gets its ``runs`` calls. It assumes every graph wrapper a step
+    passes has had the same calls at this size; a piece with static shapes (captured once, under no size) counts
+    every size's calls, so a step could capture it alone and end the size's steps early. The size's other
+    graphs are then captured at their first real step, replaying as a capture outside the warm-up does. The
+    project's models have no such piece.
     """
 
     def captured() -> int:
@@ -413,7 +417,8 @@ class ModelRunner:
 
         Capturing the largest size first lets smaller sizes reuse its pool memory. The capturing steps' results
         are dropped, so no graph is replayed at its capture (:func:`~reference.compilation.cuda_graph.outputs_unread`):
-        each is first replayed, and uploaded, at its first real step. On CUDA without Inductor, while
+        each is first replayed, and uploaded, at its first real step. The KV caches are zeroed after the captures,
+        since attention wrote into them from those unfilled values. On CUDA without Inductor, while
         the reference's backend traces the model, one eager step on a thread compiles the custom ops' Triton
         kernels (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
 
@@ -457,6 +462,10 @@ class ModelRunner:
                     else:  # a uniform decode step
                         step = functools.partial(self.forward, [[0]] * size, [0] * size, list(range(size)))
                     steps_until_captured(step, runs)
+            # attention wrote keys and values computed from unfilled outputs into the dummy steps' slots; the
+            # torch attention path reads past a sequence's end within its row and masks by adding -inf, where
+            # a NaN left there would survive (0 * NaN), so those slots go back to the zeros they were allocated as
+            zero_kv_caches(list(self.attention_layers.values()))
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
