@@ -27,7 +27,7 @@ from conformance.driver import prefill_and_decode
 from conformance.helpers import build_llama, small_llama_config
 from reference.compilation import compilation_counter, cuda_graph, full_graph
 from reference.config import mode_config
-from reference.engine.runner import ModelRunner, steps_until_captured
+from reference.engine.runner import ModelRunner
 
 
 class _Graph:
@@ -94,7 +94,7 @@ def test_a_sizes_steps_stop_at_the_one_that_captured(monkeypatch, captures_at, c
         if len(made) == captures_at:
             monkeypatch.setattr(compilation_counter, counter, getattr(compilation_counter, counter) + 1)
 
-    assert steps_until_captured(step, 2) == calls and len(made) == calls
+    assert cuda_graph.steps_until_captured(step, 2) == calls and len(made) == calls
 
 
 def _runner(mode: str, dtype: torch.dtype) -> ModelRunner:

@@ -192,6 +192,32 @@ def plain_runs_before_capture(num_warmups: int) -> int:
     return max(1, num_warmups)
 
 
+def steps_until_captured(step: Callable[[], None], runs: int) -> int:
+    """Run ``step`` (one capture size's dummy step) up to ``runs`` times, stopping after the call that captured a
+    graph; returns the calls made.
+
+    ``runs`` is the plain runs a size needs plus its capture, but an earlier call at the size may already have
+    been its plain run: the tracing call runs at the largest size, through the pieces' graph wrappers. A step
+    after the capture would only replay what it captured (about one replay per piece, whose results the
+    warm-up drops). Captures are read off the compilation counters, piecewise and full; an implementation whose
+    graphs count none (the torch-native peer's) gets its ``runs`` calls. It assumes every graph wrapper a step
+    passes has had the same calls at this size; a piece with static shapes (captured once, under no size) counts
+    every size's calls, so a step could capture it alone and end the size's steps early. The size's other
+    graphs are then captured at their first real step, replaying as a capture outside the warm-up does. The
+    project's models have no such piece.
+    """
+
+    def captured() -> int:
+        return compilation_counter.num_cudagraph_captured + compilation_counter.num_full_cudagraph_captured
+
+    for call in range(1, runs + 1):
+        before = captured()
+        step()
+        if captured() > before:
+            return call
+    return runs
+
+
 class WarmUpCount:
     """The plain runs each key (a size, a batch descriptor) has had before its capture.
 

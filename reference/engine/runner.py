@@ -112,32 +112,6 @@ def _input_buffer_len(max_num_tokens: int) -> int:
     return max(max_num_tokens, 2) + 1
 
 
-def steps_until_captured(step: Callable[[], None], runs: int) -> int:
-    """Run ``step`` (one capture size's dummy step) up to ``runs`` times, stopping after the call that captured a
-    graph; returns the calls made.
-
-    ``runs`` is the plain runs a size needs plus its capture, but an earlier call at the size may already have
-    been its plain run: the tracing call runs at the largest size, through the pieces' graph wrappers. A step
-    after the capture would only replay what it captured (about one replay per piece, whose results the
-    warm-up drops). Captures are read off the compilation counters, piecewise and full; an implementation whose
-    graphs count none (the torch-native peer's) gets its ``runs`` calls. It assumes every graph wrapper a step
-    passes has had the same calls at this size; a piece with static shapes (captured once, under no size) counts
-    every size's calls, so a step could capture it alone and end the size's steps early. The size's other
-    graphs are then captured at their first real step, replaying as a capture outside the warm-up does. The
-    project's models have no such piece.
-    """
-
-    def captured() -> int:
-        return compilation_counter.num_cudagraph_captured + compilation_counter.num_full_cudagraph_captured
-
-    for call in range(1, runs + 1):
-        before = captured()
-        step()
-        if captured() > before:
-            return call
-    return runs
-
-
 def memory_needed(model: nn.Module, max_num_seqs: int, max_model_len: int, max_num_tokens: int) -> int:
     """Bytes a :class:`ModelRunner` of ``model`` allocates up front: every attention layer's KV cache in the
     model's dtype plus the two int64 input buffers. ``model`` may be on the meta device (shapes only), so
@@ -454,14 +428,14 @@ class ModelRunner:
             with cuda_graph.outputs_unread():  # the dummy steps' results are dropped: no replay fills them
                 for size in sorted(piecewise, reverse=True):
                     report(f"capture {size}")
-                    steps_until_captured(functools.partial(self._dummy_step, size), runs)
+                    cuda_graph.steps_until_captured(functools.partial(self._dummy_step, size), runs)
                 for size in sorted(self.full_sizes, reverse=True):
                     report(f"capture full {size}")
                     if self.config.full_graphs_of_every_step:
                         step = functools.partial(self._dummy_step, size)  # one graph per size serves every step
                     else:  # a uniform decode step
                         step = functools.partial(self.forward, [[0]] * size, [0] * size, list(range(size)))
-                    steps_until_captured(step, runs)
+                    cuda_graph.steps_until_captured(step, runs)
             # attention wrote keys and values computed from unfilled outputs into the dummy steps' slots; the
             # torch attention path reads past a sequence's end within its row and masks by adding -inf, where
             # a NaN left there would survive (0 * NaN), so those slots go back to the zeros they were allocated as
