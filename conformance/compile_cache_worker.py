@@ -21,17 +21,32 @@ from conformance.driver import prefill_and_decode
 from conformance.helpers import make_runner, small_llama_config
 from conformance.implementation import ReferenceImplementation
 
+
+def _json_object(text: str) -> dict:
+    """``--overrides``: a JSON object of CompilationConfig fields; anything else is argparse's one-line error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__} {text!r}")
+    return value
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m conformance.compile_cache_worker")
     parser.add_argument("cache_dir")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--mode", default="no_inductor")
-    parser.add_argument("--overrides", type=json.loads, default={}, help="CompilationConfig fields, as JSON")
+    parser.add_argument("--overrides", type=_json_object, default={}, help="CompilationConfig fields, as JSON")
     parser.add_argument("--save", help="where to torch.save the logits")
     args = parser.parse_args()
-    runner = make_runner(ReferenceImplementation(), args.mode, small_llama_config(), device=args.device,
-                         cache_dir=args.cache_dir, max_num_seqs=2, max_model_len=16, max_cudagraph_capture_size=16,
-                         **args.overrides)  # fmt: skip
+    try:
+        runner = make_runner(ReferenceImplementation(), args.mode, small_llama_config(), device=args.device,
+                             cache_dir=args.cache_dir, max_num_seqs=2, max_model_len=16,
+                             max_cudagraph_capture_size=16, **args.overrides)  # fmt: skip
+    except (TypeError, ValueError) as err:  # an unknown field, a bad value or mode: the config's own message
+        parser.error(f"--overrides / --mode: {err}")
     stats = runner.warm_up()
     logits = prefill_and_decode({"r": runner}, [[3, 14, 15, 92, 65], [35, 89, 79]], num_decode=3, leader="r")["r"]
     if args.save:
