@@ -71,6 +71,7 @@ MODULES: dict[str, Module] = {
             "reference/compilation/compile_piece.py",
             "reference/compilation/counters.py",
             "reference/compilation/inductor_passes.py",
+            "reference/compilation/warning_site.py",
         ),
         tests=(
             "conformance/test_structure.py",

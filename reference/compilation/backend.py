@@ -28,6 +28,7 @@ from reference.compilation.piece_key import piece_key
 from reference.compilation.compile_cache import CacheWriter, Entry, StoredModule, static_artifact
 from reference.compilation.split import Piece, is_splitting_op, op_name, split_graph
 from reference.compilation.stamp import LayerStamp, check_distinct_inputs, with_inputs
+from reference.compilation.warning_site import user_stacklevel
 from reference.config import CompilationConfig, ConfigError
 from reference.ops.library import direct_call
 
@@ -234,7 +235,7 @@ class PiecewiseBackend:
                 "piece (attention included, if it is in the graph); splitting ops must be torch.library custom "
                 "ops, which Dynamo keeps as graph nodes",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         size_args = {p.name: _size_args(p) for p in pieces if not p.is_splitting_op}
         if self.cache_writer is not None:  # before the pieces are installed into `split`

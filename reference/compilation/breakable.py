@@ -35,6 +35,7 @@ from reference.compilation.cuda_graph import (
     replays_after_capture,
 )
 from reference.compilation.split import is_splitting_op, op_name
+from reference.compilation.warning_site import user_stacklevel
 from reference.config import ConfigError
 from reference.ops.library import SPLITTING_TAG, direct_call
 
@@ -196,7 +197,7 @@ class BreakableCUDAGraphs:
                 f"none of splitting_ops ({named}) was called while capturing size {size}: the whole forward is one "
                 "segment; splitting ops must be torch.library custom ops",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         num_graphs = sum(isinstance(step, torch.cuda.CUDAGraph) for step in steps)
         self.captured[size] = _Segments(steps, tree_map(non_owning, output), addresses_of(args), num_graphs)

@@ -25,8 +25,6 @@ wrapped once more, at any level, in :class:`.full_graph.FullCUDAGraphs`.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import types
 import warnings
 from typing import Callable
@@ -42,6 +40,7 @@ from reference.compilation.counters import compilation_counter
 from reference.compilation.full_graph import FullCUDAGraphs
 from reference.compilation.stale_outputs import StaleOutputGuard
 from reference.compilation.stamp import LayerStamp, NotStampable
+from reference.compilation.warning_site import user_stacklevel
 from reference.config import CompilationConfig, ConfigError
 
 
@@ -76,19 +75,6 @@ def _counting_calls(forward: Callable, guard: StaleOutputGuard) -> Callable:
 
 def _signature(args) -> list:
     return [(a.dtype, a.device, tuple(a.shape[1:])) if isinstance(a, torch.Tensor) else type(a) for a in args]
-
-
-_COMPILATION_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _outside_compilation() -> int:
-    """The ``stacklevel`` at which a warning raised by this function's caller names the nearest line outside
-    ``reference/compilation/``: the line that called the compiled model, however many of this package's wrappers
-    lie between (with full graphs the call passes through ``FullCUDAGraphs.__call__`` too)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_COMPILATION_FOLDER):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 class CompiledModel:
@@ -198,7 +184,7 @@ class CompiledModel:
         warnings.warn(
             f"stamped layers: {reason}; tracing all {len(stamp.kinds)} layers instead of {stamp.prefix}",
             RuntimeWarning,
-            stacklevel=_outside_compilation(),
+            stacklevel=user_stacklevel(),
         )
         return self._compiled(*args)
 
