@@ -12,6 +12,8 @@ compile cache's refusal in test_compile_cache.py.
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -22,7 +24,8 @@ from reference.compilation.cuda_graph import inside_full_graph
 from reference.compilation.compile_piece import partition_patches
 from reference.compilation.inductor_passes import PARTITION_WRAPPERS_KEY
 from reference.compilation.partition_graph import PartitionGraph, partition_wrappers
-from reference.config import CompilationConfig, ConfigError
+from reference.compilation.backend import PiecewiseBackend
+from reference.config import CompilationConfig, ConfigError, mode_config
 from reference.config.compilation import PARTITION_INDUCTOR_SETTINGS
 from reference.forward_context import BatchDescriptor, ForwardContext, current_forward_context, set_forward_context
 
@@ -283,3 +286,68 @@ def test_the_cache_key_pass_says_whether_a_partition_wrapper_is_installed():
         assert PARTITION_WRAPPERS_KEY.uuid() == b"partition wrapper installed: True"
     with partition_wrappers(None):
         assert PARTITION_WRAPPERS_KEY.uuid() == b"partition wrapper installed: False"
+
+
+class _FakeStream:
+    """Stands in for ``torch.cuda.Stream`` on a machine without CUDA."""
+
+
+@pytest.fixture
+def fake_graph_resources(monkeypatch):
+    """``torch.cuda``'s memory pool handle and stream made constructible without CUDA: the CPU can then check
+    what the backend hands its graph wrappers on CUDA (the GPU rules of this file check that they capture)."""
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+
+
+def test_on_cuda_each_partition_is_wrapped_with_the_configs_capture_settings(fake_graph_resources):
+    config = mode_config(
+        "inductor", use_inductor_graph_partition=True, cudagraph_capture_sizes=[1, 2, 8], cudagraph_num_of_warmups=2,
+        debug_cudagraph_addresses=True,
+    )  # fmt: skip
+    stale = object()
+    backend = PiecewiseBackend(config, stale_outputs=stale)
+    with backend.partition_graphs(on_cuda=True):
+        wrap = _wrapper_slot()
+        assert wrap is not None, "no partition wrapper on CUDA"
+        first, second = (wrap(fn, types.SimpleNamespace(partition_index=i)) for i, fn in enumerate((min, max)))
+    assert _wrapper_slot() is None
+    for index, (graph, fn) in enumerate(((first, min), (second, max))):
+        assert isinstance(graph, PartitionGraph)
+        assert (graph.runnable, graph.index, graph.capture_sizes) == (fn, index, frozenset({1, 2, 8}))
+        assert graph.warm_ups.num_warmups == 2 and graph.debug_addresses is True and graph.stale_outputs is stale
+        assert graph.pool == ("pool",) and isinstance(graph.stream, _FakeStream)
+    assert first.pool is second.pool and first.stream is second.stream  # one pool and stream for them all
+
+
+@pytest.mark.parametrize(
+    "overrides, on_cuda",
+    [({}, False), ({"cudagraph_mode": "none"}, True), ({"use_inductor_graph_partition": False}, True)],
+    ids=["cpu", "no-graphs", "fx-split"],
+)
+def test_partitions_get_no_graph_off_cuda_without_piecewise_graphs_or_partition(fake_graph_resources, overrides,
+                                                                                 on_cuda):  # fmt: skip
+    config = mode_config("inductor", **{"use_inductor_graph_partition": True, **overrides})
+    with PiecewiseBackend(config).partition_graphs(on_cuda=on_cuda):
+        assert _wrapper_slot() is None
+
+
+@pytest.mark.parametrize(
+    "partition, on_cuda, cudagraph_mode, pieces, partitions",
+    [
+        (False, True, "piecewise", True, False),  # the FX split's pieces have the graphs
+        (True, True, "piecewise", False, True),  # Inductor's partitions have them
+        (False, False, "piecewise", False, False),
+        (True, False, "piecewise", False, False),
+        (False, True, "none", False, False),
+    ],
+)
+def test_either_the_pieces_or_the_partitions_get_graphs(fake_graph_resources, partition, on_cuda, cudagraph_mode,
+                                                        pieces, partitions):  # fmt: skip
+    config = mode_config("inductor", use_inductor_graph_partition=partition, cudagraph_mode=cudagraph_mode)
+    backend = PiecewiseBackend(config)
+    for settings, expected in ((backend._graph_settings(on_cuda), pieces),
+                               (backend._graph_settings(on_cuda, partitions=True), partitions)):  # fmt: skip
+        use_graphs, pool, stream = settings
+        assert use_graphs is expected
+        assert (pool, isinstance(stream, _FakeStream)) == ((("pool",), True) if expected else (None, False))

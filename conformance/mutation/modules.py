@@ -103,6 +103,13 @@ MODULES: dict[str, Module] = {
             "one_piece",
             "conformance/test_inductor_graph_partition.py::test_naming_an_op_the_graph_lacks_is_no_warning_where_"
             "inductor_still_cuts_at_attention",
+            # what the backend hands Inductor's partitions and its pieces on CUDA (pool, stream, capture
+            # settings), checked on a CPU with torch.cuda's pool handle and stream faked
+            "conformance/test_inductor_graph_partition.py::test_on_cuda_each_partition_is_wrapped_with_the_configs_"
+            "capture_settings",
+            "conformance/test_inductor_graph_partition.py::test_partitions_get_no_graph_off_cuda_without_piecewise_"
+            "graphs_or_partition",
+            "conformance/test_inductor_graph_partition.py::test_either_the_pieces_or_the_partitions_get_graphs",
             # the backend's use of the key (identical pieces share one Inductor compile), by node id as above
             "conformance/test_piece_key.py::test_with_inductor_each_program_compiles_once_and_each_piece_computes_its_"
             "own_layer",
