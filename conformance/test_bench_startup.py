@@ -4,8 +4,12 @@ one-line errors for bad flags."""
 
 import importlib.util
 import json
+import os
 import py_compile
+import signal
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from reference.config import mode_config
 pytestmark = pytest.mark.requires("components")
 
 ERROR = "python -m reference.bench_startup: error: "
+ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model": "llama-tiny", "device": "cpu", "dtype": "float32", "batch_size": 2, "input_len": 4}
 
 
@@ -149,6 +154,7 @@ def test_a_cold_start_compiles_everything_and_a_warm_start_reads_the_cache_it_le
     stale = tmp_path / "inductor" / "reference" / "stale-entry"  # in the inductor mode's own cache folder
     stale.parent.mkdir(parents=True)
     stale.write_text("from an older run")
+    (tmp_path / "inductor" / startup.MARK_FILE).write_text("")  # the older run's folder
     cold, warm = measure_mode({**TINY, "mode": "inductor"}, tmp_path)
     assert not stale.exists()
     assert cold["compile_cache_hits"] == 0 and cold["inductor_cache_misses"] > 0, cold
@@ -272,23 +278,56 @@ def test_the_record_says_whether_the_compilers_modules_had_bytecode(tmp_path, ca
     assert noted is not bytecode
 
 
-@pytest.mark.parametrize("kind", ["file", "symlink", "dangling-symlink"])
-def test_a_modes_cache_folder_that_is_a_file_or_a_link_is_replaced_by_a_folder_of_its_own(tmp_path, kind):
-    """The cold start empties ``CACHE_DIR/MODE`` first: where that is a file, or a link (to an earlier run's
-    folder, or to nothing), emptying it with ``rmtree(ignore_errors=True)`` left it in place and the start raised
-    ``NotADirectoryError`` / ``FileExistsError`` deep inside. The link's target is left alone."""
+@pytest.mark.parametrize("kind", ["symlink", "dangling-symlink"])
+def test_a_modes_cache_folder_that_is_a_link_is_replaced_by_a_folder_of_its_own(tmp_path, kind):
+    """The cold start empties ``CACHE_DIR/MODE`` first: where that is a link (to an earlier run's folder, or to
+    nothing), emptying it with ``rmtree(ignore_errors=True)`` left it in place and the start raised
+    ``NotADirectoryError`` / ``FileExistsError`` deep inside. The link goes; its target is left alone."""
     target = tmp_path / "elsewhere"
     (target / "tmp").mkdir(parents=True)
     mode_folder = tmp_path / "cache" / "eager"
     mode_folder.parent.mkdir()
-    if kind == "file":
-        mode_folder.write_text("not a folder")
-    else:
-        mode_folder.symlink_to(target if kind == "symlink" else tmp_path / "nothing-here")
+    mode_folder.symlink_to(target if kind == "symlink" else tmp_path / "nothing-here")
     cold, warm = measure_mode({**TINY, "mode": "eager"}, tmp_path / "cache")
     assert (cold["start"], warm["start"]) == ("cold", "warm")
     assert mode_folder.is_dir() and not mode_folder.is_symlink()
     assert (target / "tmp").is_dir(), "the link's target was emptied"
+
+
+def _foreign(cache_dir: Path, kind: str) -> Path:
+    """``cache_dir/eager`` made by someone else: a folder holding a file of theirs, or a file of that name."""
+    cache_dir.mkdir()
+    if kind == "file":
+        (cache_dir / "eager").write_text("precious")
+        return cache_dir / "eager"
+    (cache_dir / "eager").mkdir()
+    (cache_dir / "eager" / "important.txt").write_text("precious")
+    return cache_dir / "eager" / "important.txt"
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_modes_folder_bench_startup_did_not_make_is_refused_not_emptied(tmp_path, capsys, kind):
+    """A new user's ``--cache-dir`` held a folder named after a mode, with a file of theirs in it: the cold start
+    emptied it without a word. Only a folder this tool made (it leaves a mark in each), or an empty one, is
+    emptied; anything else stops the run before any start, in one line, and is left as it was."""
+    kept = _foreign(tmp_path / "cache", kind)
+    with pytest.raises(StartupError) as error:
+        measure_mode({**TINY, "mode": "eager"}, tmp_path / "cache")
+    assert str(error.value).startswith(f"--cache-dir: {tmp_path / 'cache' / 'eager'} holds files bench_startup did ")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", "eager", "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(ERROR + f"--cache-dir: {tmp_path / 'cache' / 'eager'} holds files bench_startup did not ")
+    assert kept.read_text() == "precious"
+
+
+def test_a_modes_folder_an_earlier_run_made_or_an_empty_one_is_used(tmp_path):
+    (tmp_path / "cache" / "eager").mkdir(parents=True)  # empty: nothing to lose
+    measure_mode({**TINY, "mode": "eager"}, tmp_path / "cache")
+    assert startup.made_by_bench_startup(tmp_path / "cache" / "eager")
+    rows = measure_mode({**TINY, "mode": "eager"}, tmp_path / "cache")  # the earlier run's folder, marked
+    assert [row["start"] for row in rows] == ["cold", "warm"]
 
 
 def test_a_modes_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
@@ -316,3 +355,26 @@ def test_a_cold_start_keeps_even_inductors_precompiled_header_in_its_own_folder(
     a cold start would find an older run's and be a third faster on a CPU."""
     env = cache_environment(tmp_path, "inductor")
     assert env["TMPDIR"].startswith(str(tmp_path / "inductor"))
+
+
+@pytest.mark.slow
+@pytest.mark.eager
+def test_a_run_stopped_with_sigterm_removes_its_temporary_folder_and_says_so(tmp_path):
+    """A new user's ``timeout 120 python -m reference.bench_startup ...`` left 302 MB of caches in its temporary
+    folder: SIGTERM ended the process without the cleanup Ctrl-C gets. It is now handled as Ctrl-C is (the
+    finished modes kept, one line), with the signal's exit status."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    argv = [sys.executable, "-m", "reference.bench_startup", "--model", "llama-tiny", "--device", "cpu",
+            "--modes", "eager", "--batch-size", "2", "--input-len", "4"]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(scratch.glob("bench-startup-*/eager/tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the mode's cold start has begun
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.splitlines()[-1] == "python -m reference.bench_startup: terminated during eager; the finished modes " \
+        "are above" and "Traceback" not in err  # fmt: skip
+    assert not list(scratch.glob("bench-startup-*")), "the temporary folder was left behind"

@@ -22,11 +22,15 @@ errors answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Iterator
 
 from reference.benchmark.choices import DTYPE_NAMES, MODE_KWARGS, mode_kwargs
 from reference.benchmark.cli import (
@@ -78,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir",
         type=non_empty_path("a directory"),
         default=None,
-        help="where each mode's compiler caches live, one folder per mode, emptied before its cold start "
+        help="where each mode's compiler caches live, one folder per mode, emptied before its cold start; a "
+        "mode's folder that this tool did not make and that is not empty is refused, not emptied "
         "(default: a temporary folder, removed at the end)",
     )
     parser.add_argument(
@@ -87,9 +92,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where it arrives as Ctrl-C's KeyboardInterrupt is (:func:`_sigterm_raises`)."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`_Terminated`, so ``timeout`` or a job scheduler stopping the run
+    gets what Ctrl-C gets: the temporary cache folder removed (hundreds of MB), the running child killed by
+    ``subprocess.run``, the finished modes printed and written. Elsewhere (a thread, an embedding program that
+    set its own handler) the handler is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated()
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, before minutes of starts, what would fail after them or inside a child: an output or cache
-    folder that cannot be written, a cache path with a space, a prompt longer than the model's positions."""
+    folder that cannot be written, a cache path with a space, a mode's folder there that is not this tool's to
+    empty, a prompt longer than the model's positions."""
     if args.cache_dir is not None:
         check_writable_dir(parser, "--cache-dir", args.cache_dir)
         if any(c.isspace() for c in str(args.cache_dir.resolve())):
@@ -97,6 +127,13 @@ def _check_before_any_start(parser: argparse.ArgumentParser, args: argparse.Name
                 f"--cache-dir: {echo(str(args.cache_dir))} has a space, which Inductor's C++ compile cannot take "
                 "(torch passes the path unquoted); choose a path without one"
             )
+        from reference.benchmark import startup  # no torch: its children import it
+
+        for mode in args.modes:
+            try:
+                startup.check_mode_folder(args.cache_dir, mode)
+            except startup.StartupError as err:
+                parser.error(str(err))
     if args.output_json is not None:
         check_output_file(parser, "--output-json", args.output_json)
     from reference.models import registry  # transformers: after the cheap checks
@@ -155,10 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether the
     modules of the compilers the modes use, Dynamo's and, with an Inductor mode, Inductor's, had bytecode before
     the first start: ``machine.bytecode_at_hand``), "commit", "date",
-    "command"}, "stopped" (only when a mode failed or Ctrl-C came: what stopped the run)}``; times in seconds.
+    "command"}, "stopped" (only when a mode failed, or Ctrl-C or SIGTERM came: what stopped the run)}``; times in seconds.
     A warm start at level 2-3 that the compile cache did not serve gets a note on stderr naming the cache's
-    warnings (:func:`warm_miss_note`). The modes that finished before a failure or Ctrl-C are printed and written;
-    exit status 1 (a failed start) or 130.
+    warnings (:func:`warm_miss_note`). The modes that finished before a failure, Ctrl-C or SIGTERM are printed
+    and written; exit status 1 (a failed start), 130 (Ctrl-C) or 143 (SIGTERM).
     """
     parser = build_parser()
     args = parse_with_vllm_spellings(parser, list(sys.argv[1:] if argv is None else argv))
@@ -199,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
     rows, stopped, status = [], None, 0
-    with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         cache_dir = args.cache_dir or Path(scratch)
         for mode in args.modes:
             spec = {"model": args.model, "mode": mode, **start, "overrides": args.compilation_config}
@@ -207,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows += startup.measure_mode(spec, cache_dir)
             except startup.StartupError as err:  # the modes before it are kept
                 stopped, status = f"error: {err}", 1
+                break
+            except _Terminated:
+                stopped, status = f"terminated during {mode}; the finished modes are above", 128 + signal.SIGTERM
                 break
             except KeyboardInterrupt:
                 stopped, status = f"interrupted during {mode}; the finished modes are above", 130

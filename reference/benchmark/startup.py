@@ -57,6 +57,33 @@ def cache_environment(cache_dir: Path, mode: str) -> dict[str, str]:
     }
 
 
+# The file each mode's folder gets when this tool makes it: only a folder holding it, or an empty one, is emptied
+MARK_FILE = ".made-by-bench-startup"
+
+
+def made_by_bench_startup(folder: Path) -> bool:
+    """Whether ``folder`` is a mode's cache folder this tool made (it holds :data:`MARK_FILE`)."""
+    return (Path(folder) / MARK_FILE).is_file()
+
+
+def check_mode_folder(cache_dir: Path, mode: str) -> None:
+    """Refuse to empty ``cache_dir/mode`` unless it is absent, a link (removed, its target left alone), an empty
+    folder, or a folder this tool made: a folder of the user's named after a mode would lose its files.
+
+    Raises:
+        StartupError: one line naming the folder and what to give instead.
+    """
+    path = Path(cache_dir) / mode
+    if path.is_symlink() or not path.exists():
+        return
+    if path.is_dir() and (made_by_bench_startup(path) or not any(path.iterdir())):
+        return
+    raise StartupError(
+        f"--cache-dir: {path} holds files bench_startup did not write, and each mode's folder is emptied before its "
+        "cold start; give a new or empty folder, or one an earlier bench_startup run used"
+    )
+
+
 def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> list[dict]:
     """A cold start of ``spec["mode"]`` (its cache folder emptied first), then a warm one: two rows.
 
@@ -65,7 +92,7 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
             (``'auto'`` or a name of ``reference.engine.arguments.DTYPES``), ``batch_size``, ``input_len``,
             optionally ``overrides`` (fields over a compiled mode's config, or None).
         cache_dir: folder holding one cache folder per mode; this mode's is deleted before the cold start (a
-            file or link of that name too: a link's target is left alone).
+            link of that name too, its target left alone) where :func:`check_mode_folder` allows, and marked.
 
     Returns:
         ``[cold, warm]``: each the spec's ``mode`` and ``start``, every phase of ``PHASES`` and ``ready_s``
@@ -77,12 +104,14 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
     Raises:
         StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
             child's own one-line error where it found one (a batch no memory holds, a broken checkpoint); or
-            the mode's cache folder could not be removed or made.
+            the mode's cache folder could not be removed or made, or is not this tool's to empty.
     """
+    check_mode_folder(cache_dir, spec["mode"])
     _remove(Path(cache_dir) / spec["mode"])
     env = {**os.environ, **cache_environment(cache_dir, spec["mode"])}
     try:
         Path(env["TMPDIR"]).mkdir(parents=True)  # a TMPDIR that does not exist is ignored
+        (Path(cache_dir) / spec["mode"] / MARK_FILE).write_text("a mode's caches, written by bench_startup\n")
     except OSError as err:
         raise StartupError(f"--cache-dir: could not make {env['TMPDIR']}: {err.strerror or err}") from None
     rows = []
