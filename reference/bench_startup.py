@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     "env": {"cpu", "cpu_count", "threads", "load_avg", "gpu", "gpu_clocks", "torch", "bytecode" (whether the
     modules of the compilers the modes use, Dynamo's and, with an Inductor mode, Inductor's, had bytecode before
     the first start: ``machine.bytecode_at_hand``), "commit", "date",
-    "command"}, "stopped" (only when a mode failed, or Ctrl-C or SIGTERM came: what stopped the run)}``; times in seconds.
+    "command"}, "stopped" (only when a mode failed, or Ctrl-C or SIGTERM came: what stopped the run)}``; times in
+    seconds.
     A warm start at level 2-3 that the compile cache did not serve gets a note on stderr naming the cache's
     warnings (:func:`warm_miss_note`). The modes that finished before a failure, Ctrl-C or SIGTERM are printed
     and written; exit status 1 (a failed start), 130 (Ctrl-C) or 143 (SIGTERM).
