@@ -17,36 +17,13 @@ from typing import Mapping
 
 import torch
 
-COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"  # Inductor reads it once, when its config is imported
+from reference.cpus import COMPILE_THREADS, thread_counts
 
 
 def shared(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables that give a process started with ``environ`` ``threads`` threads: ``OMP_NUM_THREADS``,
     and ``TORCHINDUCTOR_COMPILE_THREADS`` unless ``environ`` sets it (a user's 1, to debug, is kept)."""
     return {"OMP_NUM_THREADS": str(threads), COMPILE_THREADS: environ.get(COMPILE_THREADS, str(threads))}
-
-
-def thread_counts(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
-    """(``OMP_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) of ``environ`` as ints, None where unset.
-
-    OpenMP's list form (``"4,2"``, threads per nesting level) gives its first count.
-    Raises:
-        ValueError: one line naming the variable, when one is set to anything but a whole number >= 1 (for
-            ``OMP_NUM_THREADS``, a comma-separated list of them), an empty value included. Left alone,
-            OpenMP warns of a bad list and ignores it (torch then sizes itself for every core) and Inductor
-            raises a bare ``int()`` error from deep inside its import.
-    """
-    counts = []
-    for name in ("OMP_NUM_THREADS", COMPILE_THREADS):
-        text = environ.get(name)
-        if text is None:
-            counts.append(None)
-            continue
-        parts = text.split(",") if name == "OMP_NUM_THREADS" else [text]
-        if not all(p.strip().isascii() and p.strip().isdigit() and int(p) >= 1 for p in parts):
-            raise ValueError(f"{name}={text!r}: expected a whole number of threads >= 1, or leave it unset")
-        counts.append(int(parts[0]))
-    return counts[0], counts[1]
 
 
 def refuse_bad_counts(program: str) -> None:

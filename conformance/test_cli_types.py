@@ -173,3 +173,21 @@ def test_every_environment_variable_the_implementation_reads_is_in_the_clis_help
         text = re.sub(r"-\s+", "-", " ".join(module.build_parser().format_help().split()))  # argparse wraps at '-'
         for name in read:
             assert f"{name}: {cli.ENVIRONMENT[name]}" in text, (prog, name)
+
+
+@pytest.mark.parametrize("variable", ["TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize("program", ["bench_latency", "bench_startup", "bench_throughput", "tune_gemm", "report"])
+def test_a_bad_thread_variable_is_the_command_lines_one_line_before_any_flag_is_read(monkeypatch, capsys, variable,
+                                                                                      program):  # fmt: skip
+    """A new user's ``TORCHINDUCTOR_COMPILE_THREADS=abc`` was blamed on ``--device`` (its type imports torch,
+    whose Inductor config reads the variable with a bare ``int()``), or was a traceback from that import without
+    the flag; pytest, the faults and mutation testing already refused it by name (conformance/cores.py)."""
+    import importlib
+
+    monkeypatch.setenv(variable, "abc")
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(f"reference.{program}").main(["--device", "cpu", "--batch-size", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert f": error: {variable}='abc': expected a whole number of threads >= 1, or leave it unset" in err, err

@@ -13,7 +13,7 @@ from typing import Callable
 
 from reference.benchmark.choices import MODE_KWARGS
 from reference.config import echo
-from reference.cpus import usable_cpus  # the most intra-op threads a benchmark takes
+from reference.cpus import thread_counts, usable_cpus  # usable_cpus: the most intra-op threads a benchmark takes
 
 
 # The environment variables the implementation reads (its modules' ``ENV`` constants and ``os.environ``
@@ -61,7 +61,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     Abbreviated long flags are not accepted (``allow_abbrev=False``, as vLLM's parser does): argparse would
     read ``--compilation`` as ``--compilation-config``, past the guard that refuses a config given twice. An
-    option given twice is refused too, where argparse would keep the last value.
+    option given twice is refused too, where argparse would keep the last value. Before any flag is read, a bad
+    ``OMP_NUM_THREADS`` or ``TORCHINDUCTOR_COMPILE_THREADS`` is refused by name (:func:`~reference.cpus.thread_counts`):
+    a flag's type may import torch, whose Inductor config reads the second with a bare ``int()``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -70,6 +72,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
+        try:
+            thread_counts(os.environ)
+        except ValueError as err:
+            self.error(str(err))
         self._refuse_repeated_flags(argv)
         return super().parse_known_args(argv, namespace)
 
