@@ -20,6 +20,7 @@ import torch
 from conformance.driver import prefill_and_decode
 from conformance.helpers import make_runner, small_llama_config
 from conformance.implementation import ReferenceImplementation
+from reference.benchmark.cli import device_name
 
 
 def _json_object(text: str) -> dict:
@@ -36,7 +37,7 @@ def _json_object(text: str) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m conformance.compile_cache_worker")
     parser.add_argument("cache_dir")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda[:N] where this machine has it")
     parser.add_argument("--mode", default="no_inductor")
     parser.add_argument("--overrides", type=_json_object, default={}, help="CompilationConfig fields, as JSON")
     parser.add_argument("--save", help="where to torch.save the logits")
