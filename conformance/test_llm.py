@@ -554,6 +554,27 @@ def test_text_prompts_are_tokenized_and_outputs_detokenized():
     assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
     by_ids = llm.generate([out.prompt_token_ids], greedy(5, ignore_eos=True), use_tqdm=False)[0]
     assert by_ids.outputs[0].token_ids == completion.token_ids
+    # vLLM's TextPrompt form (a new user's first try was refused)
+    as_dict = llm.generate([{"prompt": "the cat sat on the mat"}], greedy(5, ignore_eos=True), use_tqdm=False)[0]
+    assert (as_dict.prompt, as_dict.outputs[0].token_ids) == (out.prompt, completion.token_ids)
+
+
+@pytest.mark.eager
+@pytest.mark.skipif(not (TINY_CHECKPOINT / "tokenizer.json").exists(), reason="fixtures/tiny-llama not built")
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ({"prompt": 3}, r"^prompts\[0\]: expected a non-empty list of token ids or a string"),
+        ({"prompt": ""}, r"^prompts\[0\]: expected a non-empty list of token ids or a string"),
+        ("\ud800", r"^prompts\[0\]: the tokenizer cannot encode it \("),  # a lone surrogate: transformers' TypeError
+    ],
+    ids=["not-text", "empty-text", "lone-surrogate"],
+)
+def test_a_text_prompt_the_tokenizer_cannot_take_is_one_line_naming_it(prompt, match):
+    llm = LLM(str(TINY_CHECKPOINT), enforce_eager=True, device="cpu", use_tqdm=False)
+    with pytest.raises(ValueError, match=match) as error:
+        llm.generate([prompt], greedy(2), use_tqdm=False)
+    assert "\n" not in str(error.value)
 
 
 # ---------------------------------------------------------------------- configuration
@@ -721,6 +742,7 @@ def test_bad_compilation_settings_raise_config_errors(kwargs, match):
             r"^prompts\[1\]: token ids must be ints in \[0, 256\), got 256 at position 1 of 2$",
         ),
         ([[1, 2], []], greedy(2), r"^prompts\[1\]: expected a non-empty list"),
+        ([{"prompt": "hi"}], greedy(2), r"^prompts\[0\] is a string but 'llama-tiny' has no tokenizer"),
         ([1, 2, 3], greedy(2), "^prompts: a flat list of ints is ambiguous"),
         ([[1, 2]], greedy(2, stop_token_ids=[300]), r"^sampling_params.stop_token_ids: \[300\] outside"),
         ([[1, 2], [3]], [greedy(2)], "^sampling_params: expected one SamplingParams or a list of 2"),

@@ -248,8 +248,9 @@ class LLM:
         """Generate a completion for every prompt.
 
         Args:
-            prompts: a string, a token-id prompt (``[[1, 2, 3]]`` or ``{'prompt_token_ids': [1, 2, 3]}``),
-                or a list of them. Strings need a tokenizer. A flat list of ints is refused as ambiguous.
+            prompts: a string (or vLLM's ``{'prompt': 'text'}``), a token-id prompt (``[[1, 2, 3]]`` or
+                ``{'prompt_token_ids': [1, 2, 3]}``), or a list of them. Strings need a tokenizer. A flat list of
+                ints is refused as ambiguous.
             sampling_params: one for all prompts, one per prompt, or None for ``SamplingParams()``.
             use_tqdm: show a progress bar over finished prompts.
             priority: one int per prompt (a list, tuple or array of integers), lower served first (vLLM's

@@ -212,14 +212,20 @@ class RequestBuilder:
         return requests
 
     def _tokens(self, i: int, item) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) of prompt ``i``, validated."""
-        if isinstance(item, str):
+        """(text or None, token ids) of prompt ``i``, validated: a string, vLLM's ``{'prompt': str}`` (TextPrompt),
+        token ids as a list or tensor, or vLLM's ``{'prompt_token_ids': ids}`` (TokensPrompt)."""
+        if isinstance(item, Mapping) and "prompt_token_ids" not in item and isinstance(item.get("prompt"), str):
+            item = item["prompt"]
+        if isinstance(item, str) and item:
             if self.tokenizer is None:
                 raise ValueError(
                     f"prompts[{i}] is a string but {echo(self.model_name)} has no tokenizer; pass tokenizer=PATH "
                     "to LLM(...) or give token ids ([[1, 2, 3]] or {'prompt_token_ids': [...]})"
                 )
-            text, ids = item, list(self.tokenizer.encode(item))
+            try:
+                text, ids = item, list(self.tokenizer.encode(item))
+            except (TypeError, ValueError) as err:  # transformers' own, e.g. a lone surrogate's TypeError
+                raise ValueError(f"prompts[{i}]: the tokenizer cannot encode it ({err})") from None
         elif isinstance(item, Mapping) and "prompt_token_ids" in item:
             text, ids = None, item["prompt_token_ids"]
         else:
