@@ -495,9 +495,13 @@ def test_the_clis_dtype_names_are_the_engines():
             {"custom_ops": ["none"], "cudagraph_capture_sizes": [4]},
         ),
         (["-cc={'custom_ops': ['none']}"], {"custom_ops": ["none"]}),  # was 'unrecognized arguments'
+        # Inductor names its options with dots ('cpp.threads'): a new user's nested {'cpp': {'threads': 4}} was
+        # refused by Inductor with a wrong hint ("did you mean ['cpp.cxx']")
+        (["-O.inductor_compile_config.cpp.threads=4", "-O.inductor_compile_config.max_autotune=true"],
+         {"inductor_compile_config": {"cpp.threads": 4, "max_autotune": True}}),  # fmt: skip
     ],
     ids=["cc-dict", "long-dotted", "long-dotted-space", "cc-dotted-space", "nested", "nested-merged", "dotted-fields",
-         "dotted-with-a-whole-config", "cc-equals"],  # fmt: skip
+         "dotted-with-a-whole-config", "cc-equals", "inductor-dotted-option"],  # fmt: skip
 )
 def test_vllm_shorthands_spell_the_compilation_config(argv, expected):
     args = parse_args(["--model", "toy-llama", "--modes", "inductor", *argv])

@@ -7,7 +7,9 @@ Imports no torch.
   compilation config goes with a level whose mode is compiled (``-O1`` .. ``-O3``; ``-O0`` is eager).
 * ``-O.FIELD=VALUE``, ``-cc.FIELD=VALUE``, ``--compilation-config.FIELD=VALUE`` (or ``... VALUE`` as the
   next argument): one field of the compilation config; dots nest, e.g.
-  ``-O.inductor_compile_config.max_autotune=true``. All of them merge into one ``--compilation-config``.
+  ``-O.inductor_compile_config.max_autotune=true``, except inside ``inductor_compile_config``, whose option
+  names are Inductor's own dotted ones (``-O.inductor_compile_config.cpp.threads=4`` sets ``'cpp.threads'``;
+  vLLM's parser nests every dot, which Inductor refuses). All of them merge into one ``--compilation-config``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,15 @@ def _level(flag: str, text: str) -> str:
 def _no_level(flag: str) -> ConfigError:
     """The error of ``flag`` given without a level: last, before another flag, or with an empty value."""
     return ConfigError(f"{flag}: no value; expected an optimization level {_LEVELS}")
+
+
+def _field_path(path_text: str) -> list[str]:
+    """The keys ``-O.PATH`` sets, outermost first: dots nest, except below ``inductor_compile_config``, whose
+    keys are Inductor's option names, themselves dotted (``cpp.threads``, ``triton.cudagraphs``)."""
+    parts = path_text.split(".")
+    if parts[0] == "inductor_compile_config" and len(parts) > 2:
+        return [parts[0], ".".join(parts[1:])]
+    return parts
 
 
 def _set_path(fields: dict, path: list[str], value: Any) -> None:
@@ -131,9 +142,9 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
                     raise ConfigError(f"{flag}: no value; expected {flag}=VALUE or {flag} VALUE")
             if path_text in dotted:
                 raise ConfigError(f"-O.{path_text} given twice ({echo(arg)}); give each field once")
-            parts = path_text.split(".")
+            parts = _field_path(path_text)
             for other in sorted(dotted):  # a dict's value and one of its fields, in either order
-                shorter, longer = sorted((other.split("."), parts), key=len)
+                shorter, longer = sorted((_field_path(other), parts), key=len)
                 if longer[: len(shorter)] == shorter:
                     first, second = sorted((other, path_text), key=len)
                     raise ConfigError(
@@ -141,7 +152,7 @@ def expand_vllm_spellings(argv: list[str]) -> list[str]:
                     )
             dotted.add(path_text)
             configs.append(flag)
-            _set_path(nested, path_text.split("."), _field_value(text))
+            _set_path(nested, parts, _field_value(text))
         elif arg == "--optimization-level" or arg.startswith("--optimization-level="):
             flag, sep, text = arg.partition("=")
             if not sep:
