@@ -184,6 +184,21 @@ def test_under_the_priority_policy_the_lowest_value_runs_first_and_outputs_keep_
 
 
 @pytest.mark.eager
+def test_a_prompt_of_token_ids_may_be_a_tensor_or_a_numpy_array():
+    """A new user's numpy prompt was refused where the same ids as a tensor were taken."""
+    llm = make_llm("llama-tiny", "eager")
+    ids = [[3, 14, 15, 92], [65, 35, 89, 79]]
+    expected = [o.outputs[0].token_ids for o in llm.generate(ids, greedy(2), use_tqdm=False)]
+    for prompts in (np.array(ids), torch.tensor(ids), [np.array(ids[0]), torch.tensor(ids[1])],
+                    [{"prompt_token_ids": np.array(i)} for i in ids]):  # fmt: skip
+        outputs = llm.generate(prompts, greedy(2), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outputs] == expected
+        assert [o.prompt_token_ids for o in outputs] == ids and all(
+            type(t) is int for o in outputs for t in o.prompt_token_ids
+        )
+
+
+@pytest.mark.eager
 def test_priorities_of_0_pass_under_fcfs_and_numpy_and_torch_ints_are_ints_as_in_vllm():
     """vLLM refuses only a priority other than 0 under fcfs, and takes any integral number."""
     fcfs = make_llm("llama-tiny", "eager", max_num_seqs=1)

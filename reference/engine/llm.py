@@ -249,8 +249,8 @@ class LLM:
 
         Args:
             prompts: a string (or vLLM's ``{'prompt': 'text'}``), a token-id prompt (``[[1, 2, 3]]`` or
-                ``{'prompt_token_ids': [1, 2, 3]}``), or a list of them. Strings need a tokenizer. A flat list of
-                ints is refused as ambiguous.
+                ``{'prompt_token_ids': [1, 2, 3]}``; ids as a list, tensor or numpy array), or a list of them (or
+                a 2-d tensor or array). Strings need a tokenizer. A flat list of ints is refused as ambiguous.
             sampling_params: one for all prompts, one per prompt, or None for ``SamplingParams()``.
             use_tqdm: show a progress bar over finished prompts.
             priority: one int per prompt (a list, tuple or array of integers), lower served first (vLLM's

@@ -230,8 +230,7 @@ class RequestBuilder:
             text, ids = None, item["prompt_token_ids"]
         else:
             text, ids = None, item
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
+        ids = _as_lists(ids)
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids:
             raise ValueError(f"prompts[{i}]: expected a non-empty list of token ids or a string, got {echo(item)}")
         for position, t in enumerate(ids):
@@ -252,6 +251,14 @@ class RequestBuilder:
         return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, [completion])
 
 
+def _as_lists(value):
+    """A tensor or a numpy array (anything array-like with ``tolist``, a string aside) as nested lists of Python
+    numbers; anything else as it is."""
+    if isinstance(value, torch.Tensor) or (hasattr(value, "tolist") and hasattr(value, "ndim")):
+        return value.tolist()
+    return value
+
+
 def prompt_list(prompts) -> list:
     """``generate``'s ``prompts`` as a list of single prompts.
 
@@ -260,8 +267,7 @@ def prompt_list(prompts) -> list:
     """
     if isinstance(prompts, (str, Mapping)):
         return [prompts]
-    if isinstance(prompts, torch.Tensor):
-        prompts = prompts.tolist()
+    prompts = _as_lists(prompts)
     if not isinstance(prompts, Sequence) or not prompts:
         raise ValueError(
             f"prompts: expected a string, a token-id prompt or a non-empty list of them, got {echo(prompts)}"
