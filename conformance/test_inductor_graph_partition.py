@@ -351,3 +351,25 @@ def test_either_the_pieces_or_the_partitions_get_graphs(fake_graph_resources, pa
         use_graphs, pool, stream = settings
         assert use_graphs is expected
         assert (pool, isinstance(stream, _FakeStream)) == ((("pool",), True) if expected else (None, False))
+
+
+@pytest.mark.parametrize("use_graphs", [True, False])
+def test_on_cuda_each_compiled_piece_is_wrapped_with_the_configs_capture_settings(use_graphs):
+    """What ``PiecewiseBackend`` hands a piece's CUDA-graph wrapper (the FX split's counterpart of the partition
+    rule above): checked on a CPU by calling the install step's wrapper with graphs asked for."""
+    from reference.compilation.cuda_graph import CUDAGraphPiece
+
+    config = mode_config(
+        "no_inductor", cudagraph_capture_sizes=[1, 4], cudagraph_num_of_warmups=3, debug_cudagraph_addresses=True
+    )
+    stale, pool, stream = object(), ("pool",), _FakeStream()
+    backend = PiecewiseBackend(config, stale_outputs=stale)
+    wrapped = backend._wrapped("submod_2", min, (0, 1), use_graphs, pool, stream)
+    if not use_graphs:
+        assert wrapped is min
+        return
+    assert isinstance(wrapped, CUDAGraphPiece)
+    assert (wrapped.name, wrapped.runnable, wrapped.size_args) == ("submod_2", min, (0, 1))
+    assert wrapped.capture_sizes == frozenset({1, 4}) and wrapped.warm_ups.num_warmups == 3
+    assert wrapped.pool is pool and wrapped.stream is stream
+    assert wrapped.debug_addresses is True and wrapped.stale_outputs is stale

@@ -110,6 +110,8 @@ MODULES: dict[str, Module] = {
             "conformance/test_inductor_graph_partition.py::test_partitions_get_no_graph_off_cuda_without_piecewise_"
             "graphs_or_partition",
             "conformance/test_inductor_graph_partition.py::test_either_the_pieces_or_the_partitions_get_graphs",
+            "conformance/test_inductor_graph_partition.py::test_on_cuda_each_compiled_piece_is_wrapped_with_the_"
+            "configs_capture_settings",
             # the backend's use of the key (identical pieces share one Inductor compile), by node id as above
             "conformance/test_piece_key.py::test_with_inductor_each_program_compiles_once_and_each_piece_computes_its_"
             "own_layer",
