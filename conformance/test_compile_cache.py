@@ -756,3 +756,24 @@ def test_a_warm_start_calls_a_splitting_op_directly_where_the_cold_start_did(cac
         start(impl, "no_inductor", cache)
         counts.append(calls["direct"])
     assert counts[0] > 0 and counts[1] == counts[0], f"direct attention calls, cold and warm: {counts}"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--overrides", "[1]"], "argument --overrides: expected a JSON object, got list '[1]'"),
+        (["--overrides", "{bad"], "argument --overrides: expected a JSON object, got '{bad' ("),
+        (["--overrides", '{"nope": 1}'], "--overrides / --mode: CompilationConfig.__init__() got an unexpected"),
+        (["--mode", "bogus"], "--overrides / --mode: mode: expected one of"),
+        (["--device", "tpu"], "argument --device: expected e.g. 'cpu', 'cuda' or 'cuda:1', got 'tpu'"),
+    ],
+    ids=["not-an-object", "not-json", "unknown-field", "unknown-mode", "unknown-device"],
+)
+def test_the_workers_bad_flags_are_one_line_not_a_traceback(tmp_path, flags, message):
+    """The two-processes rule's worker gave tracebacks from deep in make_runner or torch (a new user's try)."""
+    argv = [sys.executable, "-m", "conformance.compile_cache_worker", str(tmp_path / "cache"), *flags]
+    run = subprocess.run(argv, cwd=forked.ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m conformance.compile_cache_worker: error: " + message), run.stderr
+    assert "Traceback" not in run.stderr
