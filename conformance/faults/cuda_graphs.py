@@ -6,14 +6,13 @@ them with the gpu-marked tests. Each names in ``tests`` the gpu test expected to
 
 from __future__ import annotations
 
-import contextlib
 from unittest import mock
 
 import torch
 from torch.utils._pytree import tree_map
 
 from conformance.faults.fault import Fault, patches
-from reference.compilation import backend, breakable, cuda_graph
+from reference.compilation import backend, cuda_graph
 from reference.compilation.cuda_graph import CUDAGraphPiece, non_owning
 from reference.compilation.partition_graph import partition_wrappers
 from reference.compilation.stale_outputs import StaleOutputGuard
@@ -69,11 +68,6 @@ def _dispatched_unpadded(self, num_tokens, uniform_decode):
 def _partitions_as_compiled(self, on_cuda):
     """The block Inductor compiles in installs every partition as it is, whatever the config asks."""
     return partition_wrappers(None)
-
-
-def _never_replay_after_capture() -> bool:
-    """Every capture skips the replay that fills its call's outputs, not only the runner's capture steps."""
-    return False
 
 
 FAULTS = [
@@ -183,29 +177,6 @@ FAULTS = [
         "wrapper that captures them: no step replays a graph, and nothing but the counters says so",
         plant=patches(mock.patch.object(backend.PiecewiseBackend, "partition_graphs", _partitions_as_compiled)),
         tests="test_partitioned_inductor_is_one_compile_and_at_most_twice_as_far_as_eager_from_float64 and cuda",
-        device="cuda",
-    ),
-    Fault(
-        id="capture-returns-unfilled-outputs",
-        kind="capture",
-        description="a capture (a piece's, a breakable segment's) never replays its graph, so a compiled model "
-        "called directly returns, at each size's capture call, pool memory that no kernel has written yet (the "
-        "runner's warm-up drops those results and may skip the replay; no other caller may)",
-        plant=patches(
-            mock.patch.object(cuda_graph, "replays_after_capture", _never_replay_after_capture),
-            mock.patch.object(breakable, "replays_after_capture", _never_replay_after_capture),
-        ),
-        tests="test_a_size_is_captured_after_exactly_num_of_warmups_plain_runs",
-        device="cuda",
-    ),
-    Fault(
-        id="warm-up-replays-each-capture",
-        kind="capture",
-        description="the runner's capture steps replay each graph as soon as it is captured, though they drop "
-        "every result: the start-up pays one replay and upload per piece and size, and only the replay count "
-        "shows it",
-        plant=patches(mock.patch.object(cuda_graph, "outputs_unread", contextlib.nullcontext)),
-        tests="test_the_runners_warm_up_replays_no_graph",
         device="cuda",
     ),
 ]

@@ -119,8 +119,8 @@ MUTANTS: tuple[Mutant, ...] = (
            KERNEL_TESTS + ("conformance/test_structure.py",), "the Triton attention silently never used"),
     # CUDA graphs
     _graph("capture_returns_unreplayed_output", GRAPHS,
-           "    if replays_after_capture():\n        graph.replay()\n",
-           "    if False:\n        graph.replay()\n",
+           "    torch.cuda.current_stream().wait_stream(stream)\n    graph.replay()\n",
+           "    torch.cuda.current_stream().wait_stream(stream)\n",
            "the capture's output returned without the replay that fills it"),
     _graph("capture_side_stream_not_waited", GRAPHS, "    stream.wait_stream(torch.cuda.current_stream())\n", "",
            "the capture stream does not wait for the work queued before it"),

@@ -32,7 +32,6 @@ from reference.compilation.cuda_graph import (
     collection_paused,
     in_full_graph,
     non_owning,
-    replays_after_capture,
 )
 from reference.compilation.split import is_splitting_op, op_name
 from reference.compilation.warning_site import user_stacklevel
@@ -167,8 +166,7 @@ class BreakableCUDAGraphs:
         def end() -> None:
             graph = current.pop()
             graph.capture_end()
-            if replays_after_capture():
-                graph.replay()  # run what was recorded: the op after it needs the values
+            graph.replay()  # run what was recorded: the op after it needs the values
             steps.append(graph)
 
         def on_split(func, op_args, op_kwargs):

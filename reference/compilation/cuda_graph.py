@@ -4,8 +4,8 @@ A piece receives its token count as int arguments (Dynamo passes each symbolic s
 token dimensions of ``input_ids`` and ``positions`` may be two symbols that are equal at run time). For a
 size in the capture list the first ``num_warmups`` calls (at least one: :func:`plain_runs_before_capture`) run
 the piece normally, the next call captures it and replays it once (capturing records kernels without running
-them; not for a caller that reads no output: :func:`outputs_unread`), and later calls replay. Other sizes, and
-calls whose size arguments disagree, run the piece without a graph.
+them), and later calls replay. Other sizes, and calls whose size arguments disagree, run the piece without a
+graph.
 
 Memory. All pieces and sizes of a model capture into one memory pool. A graph's outputs live in that
 pool; we keep only *non-owning* views of them, so once the caller drops the tensors returned at capture
@@ -55,40 +55,6 @@ def inside_full_graph() -> Iterator[None]:
         _InsideFullGraph.active = False
 
 
-class _OutputsUnread:
-    """Whether the caller discards what the block's calls return (the runner's capture steps): a capture then
-    skips the replay that fills its call's outputs (:func:`outputs_unread`)."""
-
-    active = False
-
-
-@contextlib.contextmanager
-def outputs_unread() -> Iterator[None]:
-    """Run the block's captures without the replay that fills their outputs, for a caller that reads none of them.
-
-    A capture records kernels without running them, so inside the block a capturing call returns pool memory
-    that holds whatever it held before, and the eager ops between graphs (the splitting ops) compute from those
-    values. The runner's warm-up steps discard every result. Attention, the default splitting op, neither
-    indexes by nor branches on the values it reads (its KV-cache slots and lengths come from the step's
-    metadata); what it writes into the KV cache the runner zeroes after the block. A splitting op of the user's
-    that indexes by a computed value, or reads one on the host, must not run inside the block. Each graph's first
-    replay, which also uploads it to the device, then comes at its first real step. Why: in a profile of a warm
-    8B start those replays took about as long as the captures themselves (perf/NOTES.md v29, v48). vLLM's
-    piecewise capture runs likewise return outputs that no replay filled (they skip attention). The switch is
-    the process's, like :func:`inside_full_graph`'s: one thread captures at a time.
-    """
-    _OutputsUnread.active = True
-    try:
-        yield
-    finally:
-        _OutputsUnread.active = False
-
-
-def replays_after_capture() -> bool:
-    """Whether a capture replays its graph at once to fill its call's outputs (outside :func:`outputs_unread`)."""
-    return not _OutputsUnread.active
-
-
 def in_full_graph() -> bool:
     """True inside :func:`inside_full_graph`."""
     return _InsideFullGraph.active
@@ -120,11 +86,11 @@ def collection_paused() -> Iterator[None]:
 
 def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") -> tuple["torch.cuda.CUDAGraph", Any]:
     """Capture ``fn(*args)`` into a new graph in memory pool ``pool`` on side stream ``stream``, then
-    replay it once (capture only records kernels) so the returned output holds this call's values, except
-    inside :func:`outputs_unread`. No garbage collection runs during the capture (:func:`collection_paused`).
+    replay it once (capture only records kernels) so the returned output holds this call's values. No
+    garbage collection runs during the capture (:func:`collection_paused`).
 
     Returns:
-        The graph and ``fn``'s output (owning tensors, in pool memory; unfilled inside :func:`outputs_unread`).
+        The graph and ``fn``'s output (owning tensors, in pool memory).
     """
     graph = torch.cuda.CUDAGraph()
     stream.wait_stream(torch.cuda.current_stream())
@@ -135,8 +101,7 @@ def capture_graph(fn: Callable, args: tuple, pool, stream: "torch.cuda.Stream") 
         finally:
             graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    if replays_after_capture():
-        graph.replay()
+    graph.replay()
     return graph, output
 
 
@@ -190,32 +155,6 @@ def plain_runs_before_capture(num_warmups: int) -> int:
     its own, before its capture.
     """
     return max(1, num_warmups)
-
-
-def steps_until_captured(step: Callable[[], None], runs: int) -> int:
-    """Run ``step`` (one capture size's dummy step) up to ``runs`` times, stopping after the call that captured a
-    graph; returns the calls made.
-
-    ``runs`` is the plain runs a size needs plus its capture, but an earlier call at the size may already have
-    been its plain run: the tracing call runs at the largest size, through the pieces' graph wrappers. A step
-    after the capture would only replay what it captured (about one replay per piece, whose results the
-    warm-up drops). Captures are read off the compilation counters, piecewise and full; an implementation whose
-    graphs count none (the torch-native peer's) gets its ``runs`` calls. It assumes every graph wrapper a step
-    passes has had the same calls at this size; a piece with static shapes (captured once, under no size) counts
-    every size's calls, so a step could capture it alone and end the size's steps early. The size's other
-    graphs are then captured at their first real step, replaying as a capture outside the warm-up does. The
-    project's models have no such piece.
-    """
-
-    def captured() -> int:
-        return compilation_counter.num_cudagraph_captured + compilation_counter.num_full_cudagraph_captured
-
-    for call in range(1, runs + 1):
-        before = captured()
-        step()
-        if captured() > before:
-            return call
-    return runs
 
 
 class WarmUpCount:

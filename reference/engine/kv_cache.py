@@ -90,13 +90,6 @@ def allocate_kv_caches(
         layer.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
 
 
-def zero_kv_caches(layers: list[Attention]) -> None:
-    """Zero every layer's ``kv_cache`` in place (its address kept, so graphs that read it stay valid): the state
-    :func:`allocate_kv_caches` left, for slots that dummy steps wrote."""
-    for layer in layers:
-        layer.kv_cache.zero_()
-
-
 def free_kv_caches(layers: list[Attention]) -> None:
     """Let go of every layer's ``kv_cache`` (None again, as before :func:`allocate_kv_caches`), so that its
     memory is freed once nothing else holds it; the runner of these layers cannot step after this."""

@@ -32,7 +32,6 @@ import bisect
 import collections
 import contextlib
 import dataclasses
-import functools
 import itertools
 import time
 import warnings
@@ -49,7 +48,7 @@ from reference.engine import kernel_warm_up
 from reference.engine.arguments import check_within_positions
 from reference.engine.graph_plan import plan_graphs
 from reference.engine.kernel_warm_up import KernelWarmUp
-from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes, zero_kv_caches
+from reference.engine.kv_cache import allocate_kv_caches, check_fits, kv_cache_bytes
 from reference.engine.step_inputs import check_device_tokens, check_host_tokens
 from reference.forward_context import BatchDescriptor, ForwardContext, set_forward_context
 from reference.ops import Attention, AttentionMetadata, dependent_launch
@@ -389,10 +388,7 @@ class ModelRunner:
         makes one) and, on CUDA, capture every piecewise size (but 1 when full graphs serve it), then every
         full-graph size, largest first; returns the costs.
 
-        Capturing the largest size first lets smaller sizes reuse its pool memory. The capturing steps' results
-        are dropped, so no graph is replayed at its capture (:func:`~reference.compilation.cuda_graph.outputs_unread`):
-        each is first replayed, and uploaded, at its first real step. The KV caches are zeroed after the captures,
-        since attention wrote into them from those unfilled values. On CUDA without Inductor, while
+        Capturing the largest size first lets smaller sizes reuse its pool memory. On CUDA without Inductor, while
         the reference's backend traces the model, one eager step on a thread compiles the custom ops' Triton
         kernels (:mod:`.kernel_warm_up`); the backend waits for it before any piece runs.
 
@@ -425,21 +421,17 @@ class ModelRunner:
             runs = cuda_graph.plain_runs_before_capture(self.config.cudagraph_num_of_warmups) + 1  # then the capture
             free_before = torch.cuda.mem_get_info(self.device)[0]
             start = time.perf_counter()
-            with cuda_graph.outputs_unread():  # the dummy steps' results are dropped: no replay fills them
-                for size in sorted(piecewise, reverse=True):
-                    report(f"capture {size}")
-                    cuda_graph.steps_until_captured(functools.partial(self._dummy_step, size), runs)
-                for size in sorted(self.full_sizes, reverse=True):
-                    report(f"capture full {size}")
+            for size in sorted(piecewise, reverse=True):
+                report(f"capture {size}")
+                for _ in range(runs):
+                    self._dummy_step(size)
+            for size in sorted(self.full_sizes, reverse=True):
+                report(f"capture full {size}")
+                for _ in range(runs):
                     if self.config.full_graphs_of_every_step:
-                        step = functools.partial(self._dummy_step, size)  # one graph per size serves every step
-                    else:  # a uniform decode step
-                        step = functools.partial(self.forward, [[0]] * size, [0] * size, list(range(size)))
-                    cuda_graph.steps_until_captured(step, runs)
-            # attention wrote keys and values computed from unfilled outputs into the dummy steps' slots; the
-            # torch attention path reads past a sequence's end within its row and masks by adding -inf, where
-            # a NaN left there would survive (0 * NaN), so those slots go back to the zeros they were allocated as
-            zero_kv_caches(list(self.attention_layers.values()))
+                        self._dummy_step(size)  # one graph per size serves every kind of step
+                    else:
+                        self.forward([[0]] * size, [0] * size, list(range(size)))  # a uniform decode step
             self._sync()
             self.startup.capture_s = time.perf_counter() - start
             self.startup.graph_gib = (free_before - torch.cuda.mem_get_info(self.device)[0]) / 2**30
