@@ -14,7 +14,7 @@ import torch
 from conformance.helpers import points_at
 from reference.compilation import compile_model
 from reference.compilation.split import split_graph
-from reference.config import CompilationConfig
+from reference.config import CompilationConfig, ConfigError
 from reference.models.silly import SillyModel, expected_output
 
 pytestmark = pytest.mark.requires("components")
@@ -167,6 +167,19 @@ def test_a_tagged_op_the_graph_calls_does_not_stand_in_for_named_splitting_ops_i
     with pytest.warns(RuntimeWarning, match=re.escape("none of splitting_ops (['reference::attention'])")):
         compiled(torch.randn(4, 8))
     assert len(compiled.backend.pieces) == 1
+
+
+@pytest.mark.no_inductor
+def test_a_tagged_op_left_in_a_captured_piece_is_one_error_without_the_one_piece_warning():
+    """Naming only ops the graph lacks, with piecewise graphs asked for, leaves attention (a tagged op) inside
+    the one piece: the refusal is the whole message. The warning that the model is one piece would add a
+    second, contradicting story (it runs, attention captured) to an error that says it will not run."""
+    config = _config(level=3, splitting_ops=["reference::attention"], cudagraph_mode="piecewise")
+    compiled = compile_model(_Tagged(), config)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ConfigError, match="unsafe_copy"):
+        warnings.simplefilter("always")
+        compiled(torch.randn(4, 8))
+    assert [str(w.message) for w in caught if "splitting_ops" in str(w.message)] == []
 
 
 def test_a_second_trace_is_refused_in_full():

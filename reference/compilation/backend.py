@@ -226,6 +226,7 @@ class PiecewiseBackend:
             compilation_counter.num_layers_stamped += self.layer_stamp.stamped
         self._traced = True
         compilation_counter.num_graphs_seen += 1
+        self._check_pieces(pieces)  # before the one-piece warning: a refusal is the whole story
         # Inductor's partition cuts at the tagged ops whatever splitting_ops names
         cut_anywhere = _calls_a_splitting_op(gm, cuts) or (partition and _calls_a_splitting_op(gm, None))
         if cuts != () and not cut_anywhere:
@@ -240,7 +241,6 @@ class PiecewiseBackend:
         size_args = {p.name: _size_args(p) for p in pieces if not p.is_splitting_op}
         if self.cache_writer is not None:  # before the pieces are installed into `split`
             self.cache_writer.traced(gm, example_inputs, split, pieces, size_args, direct_call_spec)
-        self._check_pieces(pieces)
         if partition and self.config.piecewise_graphs:
             _check_partition_cuts_write_into_buffers(gm, cuts)
         with self.partition_graphs(_on_cuda(gm)):
