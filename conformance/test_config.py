@@ -180,6 +180,9 @@ WRONG_VALUES = [
     ("splitting_ops", ["attention"], "splitting_ops: 'attention' is not a qualified op name; expected 'namespace::op'"),
     ("splitting_ops", ["a::b::c"], "splitting_ops: 'a::b::c' is not a qualified op name"),
     ("splitting_ops", ["::attention"], "splitting_ops: '::attention' is not a qualified op name"),
+    # a name given twice is a merge gone wrong (or a typo for another op), not a second cut
+    ("splitting_ops", ["reference::attention", "reference::attention"],
+     r"^splitting_ops: 'reference::attention' is given twice; name each op once$"),
     ("cudagraph_mode", "fulll", GRAPH_MODES_ALLOWED + ", got 'fulll'"),
     ("cudagraph_mode", False, GRAPH_MODES_ALLOWED + ", got False"),
     ("cudagraph_capture_sizes", "1,2,4", "cudagraph_capture_sizes: expected a list of positive ints, got '1,2,4'"),

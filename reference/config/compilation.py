@@ -423,8 +423,10 @@ class CompilationConfig:
 
 # ---------------------------------------------------------------------- field checks
 def _validate_splitting_op_names(names: tuple[str, ...]) -> None:
-    """Each name is ``namespace::op``; whether it is a registered op is the backend's check."""
-    for name in names:
+    """Each name is ``namespace::op``, given once; whether it is a registered op is the backend's check."""
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"splitting_ops: {echo(name)} is given twice; name each op once")
         if name.count("::") != 1 or not all(name.split("::")):
             raise ConfigError(
                 f"splitting_ops: {echo(name)} is not a qualified op name; expected 'namespace::op', "
