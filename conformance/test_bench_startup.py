@@ -19,7 +19,7 @@ import torch
 from reference.bench_startup import COLUMNS, main
 from reference.benchmark import startup
 from reference.benchmark.machine import COMPILER_MODULES
-from reference.benchmark.startup import PHASES, StartupError, cache_environment, measure_mode
+from reference.benchmark.startup import PHASES, StartupError, StartupSettingsError, cache_environment, measure_mode
 from reference.config import mode_config
 
 pytestmark = pytest.mark.requires("components")
@@ -222,8 +222,10 @@ def test_a_warm_start_the_compile_cache_did_not_serve_is_a_note_naming_the_cache
 @pytest.mark.parametrize(
     "failure, code, said",
     [(StartupError("breakable (cold start): exit 1: boom"), 1, "error: breakable (cold start): exit 1: boom"),
+     # the settings' fault, as bench_latency's exit 2 for the same config (a new user found 1 here, 2 there)
+     (StartupSettingsError("breakable (cold start): batch too big"), 2, "error: breakable (cold start): batch too big"),
      (KeyboardInterrupt(), 130, "interrupted during breakable; the finished modes are above")],
-    ids=["a-mode-fails", "ctrl-c"],
+    ids=["a-mode-fails", "the-settings-refused", "ctrl-c"],
 )  # fmt: skip
 def test_the_modes_that_finished_are_kept_when_a_later_one_fails_or_is_interrupted(
     tmp_path, capsys, monkeypatch, failure, code, said
@@ -292,6 +294,16 @@ def test_a_modes_cache_folder_that_is_a_link_is_replaced_by_a_folder_of_its_own(
     assert (cold["start"], warm["start"]) == ("cold", "warm")
     assert mode_folder.is_dir() and not mode_folder.is_symlink()
     assert (target / "tmp").is_dir(), "the link's target was emptied"
+
+
+@pytest.mark.slow
+def test_a_start_that_refuses_its_settings_is_a_settings_error_of_one_line(tmp_path):
+    """A child that refuses its settings (here a level no mode has, which the CLI's checks would have caught
+    first) prints one line; the parent raises it as the settings' fault, not as a crash, so the CLI exits 2."""
+    with pytest.raises(StartupSettingsError) as error:
+        measure_mode({**TINY, "mode": "no_inductor", "overrides": {"level": 7}}, tmp_path)
+    assert str(error.value).startswith("no_inductor (cold start): level: expected one of [0, 1, 2, 3], got 7")
+    assert "\n" not in str(error.value)
 
 
 def _foreign(cache_dir: Path, kind: str) -> Path:

@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     seconds.
     A warm start at level 2-3 that the compile cache did not serve gets a note on stderr naming the cache's
     warnings (:func:`warm_miss_note`). The modes that finished before a failure, Ctrl-C or SIGTERM are printed
-    and written; exit status 1 (a failed start), 130 (Ctrl-C) or 143 (SIGTERM).
+    and written; exit status 2 (a start refused its settings, as ``bench_latency`` exits for them), 1 (another failed
+    start), 130 (Ctrl-C) or 143 (SIGTERM).
     """
     parser = build_parser()
     args = parse_with_vllm_spellings(parser, list(sys.argv[1:] if argv is None else argv))
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 rows += startup.measure_mode(spec, cache_dir)
             except startup.StartupError as err:  # the modes before it are kept
-                stopped, status = f"error: {err}", 1
+                stopped, status = f"error: {err}", 2 if isinstance(err, startup.StartupSettingsError) else 1
                 break
             except _Terminated:
                 stopped, status = f"terminated during {mode}; the finished modes are above", 128 + signal.SIGTERM

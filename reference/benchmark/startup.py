@@ -43,6 +43,11 @@ class StartupError(RuntimeError):
     """A child process failed; the message holds the end of its output."""
 
 
+class StartupSettingsError(StartupError):
+    """A child refused the start's settings (a config, a batch no memory holds, a broken checkpoint): its own
+    one-line message, the user's to fix, as ``bench_latency``'s usage errors are."""
+
+
 def cache_environment(cache_dir: Path, mode: str) -> dict[str, str]:
     """The environment variables that put every compiler cache in ``cache_dir/mode`` (the project's compile
     cache, on even where the caller turned it off; Inductor's; Triton's) and the temporary folder there, where
@@ -102,9 +107,10 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         compile cache's warnings the start printed: :func:`compile_cache_warnings`).
 
     Raises:
-        StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; the message is the
-            child's own one-line error where it found one (a batch no memory holds, a broken checkpoint); or
-            the mode's cache folder could not be removed or made, or is not this tool's to empty.
+        StartupSettingsError: a child refused the settings; the message is its own one-line error (a batch no
+            memory holds, a broken checkpoint, a bad config value).
+        StartupError: a child exited non-zero, printed no result, or ran past ``timeout_s``; or the mode's cache
+            folder could not be removed or made, or is not this tool's to empty.
     """
     check_mode_folder(cache_dir, spec["mode"])
     _remove(Path(cache_dir) / spec["mode"])
@@ -124,7 +130,7 @@ def measure_mode(spec: dict, cache_dir: Path, *, timeout_s: float = 3600) -> lis
         results = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
         errors = [line for line in proc.stdout.splitlines() if line.startswith(ERROR_MARK)]
         if errors:
-            raise StartupError(f"{spec['mode']} ({start} start): {errors[-1][len(ERROR_MARK) :]}")
+            raise StartupSettingsError(f"{spec['mode']} ({start} start): {errors[-1][len(ERROR_MARK) :]}")
         if proc.returncode != 0 or not results:
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
             raise StartupError(f"{spec['mode']} ({start} start): exit {proc.returncode}: {tail}")
