@@ -304,6 +304,12 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
             r"use_inductor_graph_partition=True sets itself \(its partitions, and a pre-pass keying whether they "
             r"are wrapped: pytorch#165471\); drop them from inductor_compile_config$",
         ),
+        (  # Inductor's own graphs would be captured inside ours, or replace the pieces' (a new user's try)
+            {"cudagraph_mode": "full_and_piecewise", "inductor_compile_config": {"triton.cudagraphs": True}},
+            r"^inductor_compile_config: 'triton.cudagraphs'=True has Inductor capture CUDA graphs of its own inside "
+            r"cudagraph_mode='full_and_piecewise''s; keep one owner of the graphs: drop it, or set "
+            r"cudagraph_mode='none'$",
+        ),
         ({"use_inductor_graph_partition": 1}, r"^use_inductor_graph_partition: expected bool, got int 1$"),
         ({"custom_ops": ["all", "none"]}, "custom_ops: 'all' and 'none' contradict each other"),
         ({"custom_ops": ["+rms_norm", "-rms_norm"]}, r"custom_ops: '\+rms_norm' and '-rms_norm' contradict each other"),
@@ -325,6 +331,9 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "inductor_config_at_level0",
         "splitting_ops_at_level2",
         "splitting_ops_at_level1",
+        "sizes_below_max",
+        "sizes_above_max",
+        "empty_sizes_with_max",
         "compile_sizes_without_inductor",
         "compile_sizes_naming_capture_sizes_without_graphs",
         "cache_dir_at_level1",
@@ -334,10 +343,8 @@ def test_a_wrong_type_or_value_names_the_field_and_what_is_allowed(field, value,
         "graph_partition_at_level2",
         "graph_partition_with_no_splitting_op",
         "graph_partition_settings_overridden",
+        "inductors_own_graphs_inside_ours",
         "graph_partition_not_a_bool",
-        "sizes_below_max",
-        "sizes_above_max",
-        "empty_sizes_with_max",
         "all_and_none",
         "plus_and_minus",
         "op_without_sign",
@@ -486,6 +493,11 @@ def test_inductor_compile_config_is_checked_against_inductor_options(patches, me
 def test_valid_inductor_compile_config_passes():
     config = CompilationConfig(inductor_compile_config={"max_autotune": True, "triton.cudagraphs": False})
     assert config.inductor_compile_config == {"max_autotune": True, "triton.cudagraphs": False}
+
+
+def test_inductors_own_graphs_are_allowed_where_the_project_captures_none():
+    config = CompilationConfig(cudagraph_mode="none", inductor_compile_config={"triton.cudagraphs": True})
+    assert config.inductor_compile_config == {"triton.cudagraphs": True}
 
 
 @pytest.mark.parametrize("field", ["max_cudagraph_capture_size", "cudagraph_capture_sizes"])

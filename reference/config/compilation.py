@@ -124,7 +124,9 @@ class CompilationConfig:
       lazy initialisation (cuBLAS handles, autotuning, Triton loading a kernel) happens outside the graph; at
       least one, so 0 (vLLM's default) runs as 1
       (:func:`~reference.compilation.cuda_graph.plain_runs_before_capture` says why).
-    * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``.
+    * ``inductor_compile_config`` [{}]: Inductor config patches, e.g. ``{'max_autotune': True}``;
+      ``'triton.cudagraphs': True`` (Inductor's own CUDA graphs) only with ``cudagraph_mode='none'``: the graphs
+      have one owner.
     * ``compile_sizes`` [[]] (vLLM's field): token counts at which Inductor also compiles each piece with static
       shapes, beside the one symbolic-shape compile that serves every other count; a call at such a count runs
       that compile (inside its CUDA graph when the count is also a capture size). Ints in 1..65536, or the
@@ -314,6 +316,12 @@ class CompilationConfig:
                 f"inductor_compile_config sets {overridden}, which use_inductor_graph_partition=True sets itself "
                 "(its partitions, and a pre-pass keying whether they are wrapped: pytorch#165471); drop them from "
                 "inductor_compile_config"
+            )
+        if self.inductor_compile_config.get("triton.cudagraphs") is True and self.cudagraph_mode != "none":
+            raise ConfigError(
+                "inductor_compile_config: 'triton.cudagraphs'=True has Inductor capture CUDA graphs of its own inside "
+                f"cudagraph_mode={self.cudagraph_mode!r}'s; keep one owner of the graphs: drop it, or set "
+                "cudagraph_mode='none'"
             )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(

@@ -75,7 +75,8 @@ def compile_torch_native(model: nn.Module, config: CompilationConfig) -> Callabl
         **config.inductor_compile_config,
         "graph_partition": True,
         "custom_should_partition_ops": list(config.splitting_ops or ()),
-        "triton.cudagraphs": config.piecewise_graphs,
+        # the mode's graphs, or Inductor's asked for by name where the mode captures none (the config allows it)
+        "triton.cudagraphs": config.piecewise_graphs or config.inductor_compile_config.get("triton.cudagraphs", False),
     }
     return torch.compile(model, fullgraph=True, dynamic=True, options=options)
 
