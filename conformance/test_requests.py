@@ -20,7 +20,7 @@ EOS = frozenset({2, VOCAB})  # VOCAB: an EOS id just past the vocabulary, as a t
 class Tokenizer:
     """Encodes a string as its characters' ordinals mod VOCAB; decodes to the ids' repr and the flag."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, verbose: bool = True) -> list[int]:
         return [ord(c) % VOCAB for c in text]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -189,3 +189,27 @@ def test_a_sampled_requests_generator_is_made_on_the_engines_device(monkeypatch)
     builder = RequestBuilder("toy", VOCAB, MAX_MODEL_LEN, None, EOS, seed=0, device=engine_device)
     builder.make([[1, 2]], SamplingParams(temperature=1.0))
     assert made_on == [engine_device]
+
+
+def test_a_text_longer_than_the_tokenizers_limit_is_our_one_line_only(monkeypatch):
+    """A 20,000-token text printed transformers' warning ("Token indices sequence length is longer than the
+    specified maximum sequence length ...") before the engine's own error (a new user's try): the engine checks
+    lengths itself, against max_model_len, so the tokenizer's limit says nothing here. transformers' logger
+    does not propagate and holds the stream it found at import, so a handler of the test's own listens."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    heard = []
+    listener = logging.Handler()
+    listener.emit = heard.append
+    logging.getLogger("transformers").addHandler(listener)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained("fixtures/tiny-llama")
+        text = "hello world " * tokenizer.model_max_length  # past the tokenizer's 512
+        made = RequestBuilder("tiny-llama", len(tokenizer), 600, tokenizer, EOS, seed=0, device=torch.device("cpu"))
+        with pytest.raises(ValueError, match=r"^prompts\[0\]: prompt \(\d+ tokens\) .* exceeds max_model_len \(600\)"):
+            made.make([text], None)
+    finally:
+        logging.getLogger("transformers").removeHandler(listener)
+    assert [r.getMessage() for r in heard if "Token indices" in r.getMessage()] == []

@@ -223,7 +223,8 @@ class RequestBuilder:
                     "to LLM(...) or give token ids ([[1, 2, 3]] or {'prompt_token_ids': [...]})"
                 )
             try:
-                text, ids = item, list(self.tokenizer.encode(item))
+                # verbose=False: transformers' warning about its own length limit; max_model_len is checked below
+                text, ids = item, list(self.tokenizer.encode(item, verbose=False))
             except (TypeError, ValueError) as err:  # transformers' own, e.g. a lone surrogate's TypeError
                 raise ValueError(f"prompts[{i}]: the tokenizer cannot encode it ({err})") from None
         elif isinstance(item, Mapping) and "prompt_token_ids" in item:
