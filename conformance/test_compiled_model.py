@@ -182,6 +182,38 @@ def test_a_tagged_op_left_in_a_captured_piece_is_one_error_without_the_one_piece
     assert [str(w.message) for w in caught if "splitting_ops" in str(w.message)] == []
 
 
+@torch.library.custom_op("test_compiled_model::scale_into", mutates_args=("out",))
+def _scale_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Writes 2x into ``out`` and also returns a tensor, which the model below never reads."""
+    out.copy_(x * 2)
+    return x.sum()
+
+
+@_scale_into.register_fake
+def _(x, out):
+    return x.new_empty(())
+
+
+class _WritesAndReturns(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        _scale_into(x + 1, out)  # its returned tensor is dropped
+        return out - 1
+
+
+@pytest.mark.no_inductor
+def test_a_splitting_op_whose_returned_tensor_nothing_reads_is_accepted_by_the_fx_split():
+    """The FX split asks only that a splitting op's piece hand no tensor on (the tensor it returns is allocated
+    outside the graph pool, where a later graph would not follow it); a return nothing reads is dropped with
+    its piece. Inductor's partition asks more (every op it cuts at returns nothing: it cannot see which returns
+    are read), so its check must not run for the FX split."""
+    config = _config(level=3, splitting_ops=["test_compiled_model::scale_into"], cudagraph_mode="piecewise")
+    compiled = compile_model(_WritesAndReturns(), config)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), (x + 1) * 2 - 1)
+    assert len(compiled.backend.pieces) == 3
+
+
 def test_a_second_trace_is_refused_in_full():
     compiled = compile_model(_Scaled(), _config())
     compiled(torch.randn(4, 8), 2)
