@@ -853,6 +853,42 @@ def test_the_decode_loops_token_copy_to_the_host_returns_before_the_device_is_do
     assert returned_early, "the copy returned only once the device had finished the work queued before it"
 
 
+def test_the_decode_loops_token_copy_asks_cuda_for_a_pinned_non_blocking_copy_then_an_event(monkeypatch):
+    """The test above on a CPU, with what ``_copy_to_host`` asks of CUDA recorded instead of run (CI has no
+    GPU, and the mutation runs are CI's): a pinned host tensor of the tokens' shape and dtype, a non-blocking
+    copy into it, and an event recorded after the copy, handed back with it."""
+    calls = []
+
+    class Tokens:  # a CUDA tensor, as far as _copy_to_host looks
+        is_cuda, shape, dtype = True, (2, 4), torch.int64
+
+    class Host:
+        def copy_(self, source, **kwargs):
+            calls.append(("copy", source, kwargs))
+
+    class Event:
+        def record(self, *args):
+            calls.append(("record", self, args))
+
+    host = Host()
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: calls.append(("empty", args, kwargs)) or host)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    tokens = Tokens()
+    returned, copied = llm_engine_module._copy_to_host(tokens)
+    assert returned is host and isinstance(copied, Event)
+    assert calls == [
+        ("empty", ((2, 4),), {"dtype": torch.int64, "pin_memory": True}),
+        ("copy", tokens, {"non_blocking": True}),
+        ("record", copied, ()),  # after the copy, on the current stream
+    ]
+
+
+def test_the_decode_loops_token_copy_is_the_tokens_themselves_on_a_cpu():
+    tokens = torch.arange(8).reshape(2, 4)
+    returned, copied = llm_engine_module._copy_to_host(tokens)
+    assert returned is tokens and copied is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["eager", "no_inductor", "no_inductor_full"])
 def test_the_engine_loop_waits_for_the_device_only_to_read_tokens_one_step_late(mode, monkeypatch):
