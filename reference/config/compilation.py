@@ -320,8 +320,7 @@ class CompilationConfig:
         if self.inductor_compile_config.get("triton.cudagraphs") is True and self.cudagraph_mode != "none":
             raise ConfigError(
                 "inductor_compile_config: 'triton.cudagraphs'=True has Inductor capture CUDA graphs of its own inside "
-                f"cudagraph_mode={self.cudagraph_mode!r}'s; keep one owner of the graphs: drop it, or set "
-                "cudagraph_mode='none'"
+                "the ones cudagraph_mode captures; keep one owner of the graphs: drop it, or set cudagraph_mode='none'"
             )
         if self.splitting_ops is not None and not (self.level == 3 or self.breakable):
             raise ConfigError(
