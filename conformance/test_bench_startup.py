@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from reference import bench_startup
 from reference.bench_startup import COLUMNS, main
 from reference.benchmark import startup
 from reference.benchmark.machine import COMPILER_MODULES
@@ -247,6 +248,28 @@ def test_the_modes_that_finished_are_kept_when_a_later_one_fails_or_is_interrupt
     assert said in captured.err.splitlines()[-1] and "Traceback" not in captured.err
     doc = json.loads(out.read_text())
     assert [r["mode"] for r in doc["rows"]] == ["eager", "eager"] and said.split(":")[-1].strip() in json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "failure, code, said",
+    [(KeyboardInterrupt, 130, "interrupted during eager; no mode had finished"),
+     (bench_startup._Terminated, 143, "terminated during eager; no mode had finished")],
+    ids=["ctrl-c", "sigterm"],
+)  # fmt: skip
+def test_a_run_stopped_in_its_first_mode_says_that_none_finished(tmp_path, capsys, monkeypatch, failure, code, said):
+    """Stopped during the first mode, the run said "the finished modes are above" over nothing (a new user's
+    try): it says that no mode had finished, prints no table and writes no file."""
+
+    def measure(spec, cache_dir):
+        raise failure()
+
+    monkeypatch.setattr(startup, "measure_mode", measure)
+    out = tmp_path / "startup.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--modes", "eager,no_inductor", "--device", "cpu", "--output-json", str(out)])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == code and captured.out == "" and not out.exists()
+    assert captured.err.splitlines()[-1] == f"python -m reference.bench_startup: {said}"
 
 
 @pytest.mark.parametrize(

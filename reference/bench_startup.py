@@ -248,10 +248,10 @@ def main(argv: list[str] | None = None) -> None:
                 stopped, status = f"error: {err}", 2 if isinstance(err, startup.StartupSettingsError) else 1
                 break
             except _Terminated:
-                stopped, status = f"terminated during {mode}; the finished modes are above", 128 + signal.SIGTERM
+                stopped, status = f"terminated during {mode}; {_finished(rows)}", 128 + signal.SIGTERM
                 break
             except KeyboardInterrupt:
-                stopped, status = f"interrupted during {mode}; the finished modes are above", 130
+                stopped, status = f"interrupted during {mode}; {_finished(rows)}", 130
                 break
             print(f"{mode}: cold ready {rows[-2]['ready_s']:.2f} s, warm {rows[-1]['ready_s']:.2f} s", file=sys.stderr)
             if note := warm_miss_note(mode, *rows[-2:]):
@@ -282,6 +282,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: {stopped}", file=sys.stderr)
     if status:
         sys.exit(status)
+
+
+def _finished(rows: list[dict]) -> str:
+    """What a stopped run's last line says of the modes before it."""
+    return "the finished modes are above" if rows else "no mode had finished"
+
 
 if __name__ == "__main__":
     main()
