@@ -203,3 +203,16 @@ def test_every_compiled_piece_is_installed_after_a_splitting_op_without_a_direct
     assert len(compiled) == 3 and all(name in split.__dict__ for name in compiled), (compiled, list(split.__dict__))
     x = torch.randn(4)
     torch.testing.assert_close(split(*[x if isinstance(i, torch.Tensor) else i for i in inputs]), (f(x),))
+
+
+@pytest.mark.parametrize("name", ["reference::attention.default", "reference::attention.out"])
+def test_an_overload_in_splitting_ops_is_refused_with_the_ops_own_name(name):
+    """vLLM's users name ops, but torch prints overloads (``reference::attention.default``), and that name was
+    refused as "not a registered torch.library op" (a new user's try): the op is registered, and a split
+    matches every overload of a named op."""
+    with pytest.raises(ConfigError) as err:
+        backend.check_splitting_ops_exist((name,))
+    assert str(err.value) == (
+        f"splitting_ops: {name!r} names an overload; name the op, 'reference::attention', whose every overload "
+        "the graph is cut at"
+    )

@@ -37,9 +37,10 @@ def check_splitting_ops_exist(names: tuple[str, ...]) -> None:
     """Each ``namespace::op`` name is a registered torch.library op above ATen.
 
     Raises:
-        ConfigError: naming the first that is not, or that is an ATen / prims op (registered, but Dynamo
-            graphs record torch-level calls and custom ops, so they never hold one to cut at, and a
-            breakable capture refuses it since it returns tensors).
+        ConfigError: naming the first that is not, that names an overload (``op.default``: a split matches
+            every overload of a named op), or that is an ATen / prims op (registered, but Dynamo graphs record
+            torch-level calls and custom ops, so they never hold one to cut at, and a breakable capture refuses
+            it since it returns tensors).
     """
     for name in names:
         namespace, op = name.split("::")
@@ -49,6 +50,12 @@ def check_splitting_ops_exist(names: tuple[str, ...]) -> None:
                 "later, in AOT Autograd), and a breakable capture could not break at it (ATen ops return tensors; "
                 "a splitting op writes into buffers it is given); name a torch.library custom op such as "
                 "'reference::attention'"
+            )
+        packet = op.partition(".")[0]
+        if packet != op and hasattr(getattr(torch.ops, namespace), packet):  # torch prints ops by overload
+            raise ConfigError(
+                f"splitting_ops: {name!r} names an overload; name the op, '{namespace}::{packet}', whose every "
+                "overload the graph is cut at"
             )
         if not hasattr(getattr(torch.ops, namespace), op):
             raise ConfigError(
