@@ -642,6 +642,8 @@ def test_a_memory_check_error_ends_like_the_other_usage_errors(capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"{ERROR}max_num_seqs x max_model_len ({10**8} x 6)") and err.endswith(" (see --help)\n")
     assert len(err.splitlines()) == 1, err
+    # the engine's names in the flags' terms: the user gave --batch-size and the two lengths (a new user's try)
+    assert "; lower either (here max_num_seqs is --batch-size, max_model_len --input-len + --output-len) (" in err
     from reference.config import ConfigError
     from reference.engine.kv_cache import check_fits
 

@@ -33,6 +33,7 @@ from reference.benchmark.cli import (
     check_output_file,
     check_writable_dir,
     device_name,
+    engine_sizes_hint,
     environment_help,
     mode_names,
     model_name,
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
     except ConfigError as err:  # found when a model is checked against memory or compiled: the flags' doing
-        print(usage_error(PROG, str(err)), file=sys.stderr)
+        print(usage_error(PROG, engine_sizes_hint(str(err), "--input-len + --output-len")), file=sys.stderr)
         sys.exit(2)
     except Interrupted as err:  # Ctrl-C before any mode finished: nothing to show
         print(f"{PROG}: {err}", file=sys.stderr)

@@ -38,6 +38,7 @@ from reference.benchmark.cli import (
     check_output_file,
     check_writable_dir,
     device_name,
+    engine_sizes_hint,
     environment_help,
     mode_names,
     model_name,
@@ -244,8 +245,11 @@ def main(argv: list[str] | None = None) -> None:
             spec = {"model": args.model, "mode": mode, **start, "overrides": args.compilation_config}
             try:
                 rows += startup.measure_mode(spec, cache_dir)
-            except startup.StartupError as err:  # the modes before it are kept
-                stopped, status = f"error: {err}", 2 if isinstance(err, startup.StartupSettingsError) else 1
+            except startup.StartupSettingsError as err:  # the modes before it are kept
+                stopped, status = f"error: {engine_sizes_hint(str(err), '--input-len + 1')}", 2
+                break
+            except startup.StartupError as err:
+                stopped, status = f"error: {err}", 1
                 break
             except _Terminated:
                 stopped, status = f"terminated during {mode}; {_finished(rows)}", 128 + signal.SIGTERM

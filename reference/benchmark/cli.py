@@ -44,6 +44,15 @@ def usage_error(prog: str, message: str) -> str:
     return f"{prog}: error: {message} (see --help)"
 
 
+def engine_sizes_hint(message: str, max_model_len: str) -> str:
+    """``message`` (an engine error naming ``max_num_seqs`` and ``max_model_len``, as the memory check's do)
+    with what those are in a benchmark CLI's flags: ``--batch-size``, and ``max_model_len``'s flags (e.g.
+    ``'--input-len + --output-len'``). Any other message is returned as it is."""
+    if "max_num_seqs" in message and "max_model_len" in message:
+        return f"{message} (here max_num_seqs is --batch-size, max_model_len {max_model_len})"
+    return message
+
+
 # argparse's actions that collect every value given, and the ones that exit at once (argparse's own classes,
 # unexported; all of them exist from Python 3.8 on)
 _ANSWERS_AT_ONCE = (argparse._HelpAction, argparse._VersionAction)
