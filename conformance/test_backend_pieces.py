@@ -206,7 +206,9 @@ def test_every_compiled_piece_is_installed_after_a_splitting_op_without_a_direct
 
 
 # an overload's name has one dot; past it (a typo's second dot) the op is still the name before the first
-@pytest.mark.parametrize("name", ["reference::attention.default", "reference::attention.out", "reference::attention.a.b"])
+@pytest.mark.parametrize(
+    "name", ["reference::attention.default", "reference::attention.out", "reference::attention.a.b"]
+)
 def test_an_overload_in_splitting_ops_is_refused_with_the_ops_own_name(name):
     """vLLM's users name ops, but torch prints overloads (``reference::attention.default``), and that name was
     refused as "not a registered torch.library op" (a new user's try): the op is registered, and a split
